@@ -1,0 +1,147 @@
+package largemessage
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ferrykit/ferry/payloadstore"
+)
+
+// Config keys. The large.message.* names follow KIP-1159 (and its early
+// revision for the store's retry settings) and KIP-917.
+const (
+	KeyThreshold           = "large.message.threshold.bytes"
+	KeyStoreURL            = "large.message.payload.store.url"
+	KeyIDGenerator         = "large.message.payload.id.generator"
+	KeyStoreTimeout        = "large.message.payload.store.timeout.ms"
+	KeyRetryCount          = "large.message.payload.store.retry.count"
+	KeyRetryBackoff        = "large.message.payload.store.retry.backoff.ms"
+	KeyRetryMaxBackoff     = "large.message.payload.store.retry.max.backoff.ms"
+	KeyCustomMetadataMax   = "large.message.payload.store.custom.metadata.max.bytes"
+	KeySkipNotFound        = "large.message.skip.not.found.error"
+	KeyMaxBlock            = "max.block.ms"
+	KeyMaxPollInterval     = "max.poll.interval.ms"
+	KeyCompressionType     = "compression.type"
+	defaultMaxBlock        = 60 * time.Second
+	defaultMaxPollInterval = 300 * time.Second
+)
+
+// Config is the large-message Serializer/Deserializer configuration.
+type Config struct {
+	// StoreURL names the payload store (large.message.payload.store.url),
+	// e.g. "file:///var/ferry" or "mem://test".
+	StoreURL string
+	// Threshold is large.message.threshold.bytes; 0 derives it from the
+	// topic's max.message.bytes and the client's batch cap (see DeriveLimits).
+	Threshold int64
+	// IDGenerator names value objects (large.message.payload.id.generator:
+	// "uuid", the default, or "sha256"). Keys always use the content id.
+	IDGenerator payloadstore.IDGenerator
+	// Policy is the store's retry and custom-metadata policy.
+	Policy payloadstore.Policy
+	// SkipNotFound is large.message.skip.not.found.error: a record whose
+	// payload is missing is returned with a nil value and its error recorded
+	// instead of failing the fetch.
+	SkipNotFound bool
+	// Codec is the producer's compression.type (and level).
+	Codec Codec
+	// MaxBlock (max.block.ms) and MaxPollInterval (max.poll.interval.ms)
+	// bound Policy.Timeout, as KIP-1159 requires.
+	MaxBlock, MaxPollInterval time.Duration
+}
+
+// DefaultConfig is the configuration with every key at its default.
+func DefaultConfig() Config {
+	return Config{
+		IDGenerator:     payloadstore.IDUUID{},
+		Policy:          payloadstore.DefaultPolicy,
+		Codec:           Codec{Type: "none"},
+		MaxBlock:        defaultMaxBlock,
+		MaxPollInterval: defaultMaxPollInterval,
+	}
+}
+
+// ParseConfig reads a Config from Kafka-style properties. Unknown keys are
+// ignored (they may be the client's). Errors name the key and the value.
+func ParseConfig(props map[string]string) (Config, error) {
+	c := DefaultConfig()
+	c.StoreURL = strings.TrimSpace(props[KeyStoreURL])
+	var err error
+	intKey := func(key string, dst *int64) {
+		v, ok := props[key]
+		if !ok || err != nil {
+			return
+		}
+		n, perr := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if perr != nil || n < 0 {
+			err = fmt.Errorf("%s: %q is not a non-negative integer", key, v)
+			return
+		}
+		*dst = n
+	}
+	msKey := func(key string, dst *time.Duration) {
+		n := int64(-1)
+		intKey(key, &n)
+		if n >= 0 {
+			*dst = time.Duration(n) * time.Millisecond
+		}
+	}
+	intKey(KeyThreshold, &c.Threshold)
+	msKey(KeyStoreTimeout, &c.Policy.Timeout)
+	msKey(KeyRetryBackoff, &c.Policy.RetryBackoff)
+	msKey(KeyRetryMaxBackoff, &c.Policy.RetryMaxBackoff)
+	msKey(KeyMaxBlock, &c.MaxBlock)
+	msKey(KeyMaxPollInterval, &c.MaxPollInterval)
+	retries, metaMax := int64(c.Policy.RetryCount), int64(c.Policy.CustomMetadataMaxBytes)
+	intKey(KeyRetryCount, &retries)
+	intKey(KeyCustomMetadataMax, &metaMax)
+	c.Policy.RetryCount, c.Policy.CustomMetadataMaxBytes = int(retries), int(metaMax)
+	if err != nil {
+		return c, err
+	}
+	if v, ok := props[KeySkipNotFound]; ok {
+		if c.SkipNotFound, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
+			return c, fmt.Errorf("%s: %q is not true or false", KeySkipNotFound, v)
+		}
+	}
+	if c.IDGenerator, err = payloadstore.ParseIDGenerator(strings.TrimSpace(props[KeyIDGenerator])); err != nil {
+		return c, err
+	}
+	if c.Codec, err = ParseCodec(props); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// Validate checks the timing rule of KIP-1159: the store's total time,
+// retries included, must fit within max.block.ms and max.poll.interval.ms.
+func (c Config) Validate() error {
+	if c.Policy.Timeout <= 0 {
+		return fmt.Errorf("%s must be > 0", KeyStoreTimeout)
+	}
+	if c.MaxBlock > 0 && c.Policy.Timeout > c.MaxBlock {
+		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
+			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxBlock, c.MaxBlock.Milliseconds())
+	}
+	if c.MaxPollInterval > 0 && c.Policy.Timeout > c.MaxPollInterval {
+		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
+			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxPollInterval, c.MaxPollInterval.Milliseconds())
+	}
+	return nil
+}
+
+// OpenStore opens c.StoreURL with c's id generator and wraps it with c's
+// retry and custom-metadata policy.
+func (c Config) OpenStore(ctx context.Context) (payloadstore.PayloadStore, error) {
+	if c.StoreURL == "" {
+		return nil, fmt.Errorf("%s is not set: name a payload store, e.g. file:///var/ferry", KeyStoreURL)
+	}
+	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator})
+	if err != nil {
+		return nil, err
+	}
+	return payloadstore.Wrap(s, c.Policy), nil
+}

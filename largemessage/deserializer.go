@@ -1,0 +1,194 @@
+package largemessage
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+
+	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+var (
+	// ErrPayloadNotFound is payloadstore.ErrPayloadNotFound: the referenced
+	// object does not exist (expired by a TTL, deleted, never written).
+	ErrPayloadNotFound = payloadstore.ErrPayloadNotFound
+	// ErrDigestMismatch: the downloaded payload's SHA-256 differs from the
+	// record's ferry.payload.sha256 header.
+	ErrDigestMismatch = errors.New("payload SHA-256 does not match the record's digest header")
+	// ErrSizeMismatch: the downloaded payload's length differs from the
+	// record's ferry.payload.size header.
+	ErrSizeMismatch = errors.New("payload size does not match the record's size header")
+)
+
+// RecordError is a record whose reference could not be resolved. It names
+// the record (topic, partition, offset), the side ("key" or "value") and the
+// referenced path; Err is one of ErrCorruptReference, ErrPayloadNotFound,
+// payloadstore.ErrInvalidPath, ErrDigestMismatch, ErrSizeMismatch or a store
+// error (test with errors.Is). Skipped is set when
+// large.message.skip.not.found.error let the record through with a nil value.
+type RecordError struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Side      string
+	Path      string
+	Skipped   bool
+	Err       error
+}
+
+func (e *RecordError) Error() string {
+	s := fmt.Sprintf("topic %s partition %d offset %d: %s", e.Topic, e.Partition, e.Offset, e.Side)
+	if e.Path != "" {
+		s += fmt.Sprintf(" reference %q", e.Path)
+	}
+	s += ": " + e.Err.Error()
+	if e.Skipped {
+		s += " (skipped: large.message.skip.not.found.error=true)"
+	}
+	return s
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
+// Deserializer is KIP-1159's large-message Deserializer over franz-go
+// records. It is safe for concurrent use.
+type Deserializer struct {
+	store        payloadstore.PayloadStore
+	skipNotFound bool
+}
+
+// NewDeserializer returns a Deserializer that downloads from store;
+// skipNotFound is large.message.skip.not.found.error.
+func NewDeserializer(store payloadstore.PayloadStore, skipNotFound bool) *Deserializer {
+	return &Deserializer{store: store, skipNotFound: skipNotFound}
+}
+
+// Resolve replaces rec's referenced key and value by their payloads and
+// removes the headers Ferry added, so the record reads as it was produced.
+// A record without the headers is left exactly as it is.
+//
+// Errors are *RecordError. With skipNotFound, a missing payload sets the
+// side to nil and returns a *RecordError with Skipped set; any other error
+// leaves rec unchanged.
+func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
+	for _, sd := range [...]side{keySide, valueSide} {
+		if !marked(rec.Headers, sd.marker) {
+			continue
+		}
+		field := &rec.Value
+		if sd.name == "key" {
+			field = &rec.Key
+		}
+		var buf bytes.Buffer
+		rc, size, err := d.open(ctx, rec, sd, *field)
+		if err == nil {
+			if size > 0 {
+				buf.Grow(int(size))
+			}
+			_, err = io.Copy(&buf, rc)
+			rc.Close()
+			var re *RecordError
+			if err != nil && !errors.As(err, &re) {
+				err = d.recordErr(rec, sd, "", &payloadstore.Error{Op: "download", Retryable: true, Err: err})
+			}
+		}
+		if err != nil {
+			var re *RecordError
+			if errors.As(err, &re) && re.Skipped {
+				*field = nil
+				rec.Headers = withoutSide(rec.Headers, sd)
+			}
+			return err
+		}
+		*field = buf.Bytes()
+		rec.Headers = withoutSide(rec.Headers, sd)
+	}
+	return nil
+}
+
+// OpenValue returns a reader of rec's value payload and its size in bytes
+// (-1 when a KIP-only producer gave no size header), for values too large to
+// hold in memory. The reader checks size and SHA-256 as it streams and fails
+// its last Read with a *RecordError wrapping ErrSizeMismatch or
+// ErrDigestMismatch, so a consumer never accepts altered bytes silently.
+// A record without the large-message header yields its value itself.
+func (d *Deserializer) OpenValue(ctx context.Context, rec *kgo.Record) (io.ReadCloser, int64, error) {
+	if !IsOffloaded(rec) {
+		return io.NopCloser(bytes.NewReader(rec.Value)), int64(len(rec.Value)), nil
+	}
+	return d.open(ctx, rec, valueSide, rec.Value)
+}
+
+func (d *Deserializer) open(ctx context.Context, rec *kgo.Record, sd side, refBytes []byte) (io.ReadCloser, int64, error) {
+	ref, err := DecodeReference(refBytes)
+	if err != nil {
+		return nil, 0, d.recordErr(rec, sd, "", err)
+	}
+	size, sum, ok, err := expected(rec.Headers, sd)
+	if err != nil {
+		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, err)
+	}
+	rc, err := d.store.Download(ctx, ref.FullPayloadPath)
+	if err != nil {
+		if errors.Is(err, payloadstore.ErrInvalidPath) && ref.PayloadStoreClass != d.store.Class() {
+			err = fmt.Errorf("%w (written by payload store class %q, this consumer uses %q)", err, ref.PayloadStoreClass, d.store.Class())
+		}
+		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, err)
+	}
+	if !ok {
+		return rc, -1, nil
+	}
+	return &verifier{rc: rc, r: io.LimitReader(rc, size+1), h: sha256.New(), size: size, sum: sum,
+		fail: func(err error) error { return d.recordErr(rec, sd, ref.FullPayloadPath, err) }}, size, nil
+}
+
+func (d *Deserializer) recordErr(rec *kgo.Record, sd side, path string, err error) error {
+	return &RecordError{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Side: sd.name, Path: path,
+		Skipped: d.skipNotFound && errors.Is(err, ErrPayloadNotFound), Err: err}
+}
+
+// verifier checks size and digest while a payload streams through.
+type verifier struct {
+	rc   io.ReadCloser
+	r    io.Reader
+	h    hash.Hash
+	n    int64
+	size int64
+	sum  []byte
+	fail func(error) error
+	err  error
+}
+
+func (v *verifier) Read(p []byte) (int, error) {
+	if v.err != nil {
+		return 0, v.err
+	}
+	n, err := v.r.Read(p)
+	v.n += int64(n)
+	v.h.Write(p[:n])
+	switch {
+	case v.n > v.size:
+		v.err = v.fail(fmt.Errorf("%w: more than %d bytes", ErrSizeMismatch, v.size))
+		return 0, v.err
+	case err == io.EOF:
+		if v.n != v.size {
+			v.err = v.fail(fmt.Errorf("%w: %d bytes, header says %d", ErrSizeMismatch, v.n, v.size))
+		} else if got := v.h.Sum(nil); !bytes.Equal(got, v.sum) {
+			v.err = v.fail(fmt.Errorf("%w: got %x, header says %x", ErrDigestMismatch, got, v.sum))
+		} else {
+			v.err = io.EOF
+		}
+		return n, v.err
+	case err != nil:
+		v.err = v.fail(&payloadstore.Error{Op: "download", Retryable: true, Err: err})
+		return n, v.err
+	}
+	return n, nil
+}
+
+func (v *verifier) Close() error { return v.rc.Close() }

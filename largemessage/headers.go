@@ -1,0 +1,116 @@
+package largemessage
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Record header names. HeaderLargeMessage is KIP-1159's; the rest are Ferry
+// extensions that KIP-only readers can ignore (docs/FORMAT.md).
+const (
+	// HeaderLargeMessage = "true" marks a value that is a PayloadReferenceValue.
+	HeaderLargeMessage = "large-message"
+	// HeaderLargeMessageKey = "true" marks a key that is a PayloadReferenceValue.
+	HeaderLargeMessageKey = "large-message-key"
+
+	// HeaderPayloadSize is the payload's size in bytes, decimal ASCII.
+	HeaderPayloadSize = "ferry.payload.size"
+	// HeaderPayloadSHA256 is the payload's SHA-256, 64 lowercase hex digits.
+	HeaderPayloadSHA256 = "ferry.payload.sha256"
+	// HeaderPayloadMetadata is the store's custom metadata (KIP-917), raw
+	// bytes; present only when the store returned some.
+	HeaderPayloadMetadata = "ferry.payload.metadata"
+
+	// The same three facts for an offloaded key.
+	HeaderKeyPayloadSize     = "ferry.key.payload.size"
+	HeaderKeyPayloadSHA256   = "ferry.key.payload.sha256"
+	HeaderKeyPayloadMetadata = "ferry.key.payload.metadata"
+)
+
+// side is which part of a record a header set describes.
+type side struct {
+	name                        string // "key" or "value"
+	marker, size, sha, metadata string
+}
+
+var (
+	valueSide = side{"value", HeaderLargeMessage, HeaderPayloadSize, HeaderPayloadSHA256, HeaderPayloadMetadata}
+	keySide   = side{"key", HeaderLargeMessageKey, HeaderKeyPayloadSize, HeaderKeyPayloadSHA256, HeaderKeyPayloadMetadata}
+)
+
+// IsOffloaded reports whether rec's value carries a PayloadReferenceValue
+// (header large-message: true).
+func IsOffloaded(rec *kgo.Record) bool { return marked(rec.Headers, HeaderLargeMessage) }
+
+// IsKeyOffloaded reports whether rec's key carries a PayloadReferenceValue
+// (header large-message-key: true).
+func IsKeyOffloaded(rec *kgo.Record) bool { return marked(rec.Headers, HeaderLargeMessageKey) }
+
+func marked(hs []kgo.RecordHeader, name string) bool {
+	for _, h := range hs {
+		if h.Key == name && string(h.Value) == "true" {
+			return true
+		}
+	}
+	return false
+}
+
+func header(hs []kgo.RecordHeader, name string) ([]byte, bool) {
+	for _, h := range hs {
+		if h.Key == name {
+			return h.Value, true
+		}
+	}
+	return nil, false
+}
+
+// withoutSide returns hs without the headers of s (in place).
+func withoutSide(hs []kgo.RecordHeader, s side) []kgo.RecordHeader {
+	out := hs[:0]
+	for _, h := range hs {
+		switch h.Key {
+		case s.marker, s.size, s.sha, s.metadata:
+			continue
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// sideHeaders are the headers an offloaded side adds.
+func sideHeaders(s side, size int64, sha [32]byte, metadata []byte) []kgo.RecordHeader {
+	hs := []kgo.RecordHeader{
+		{Key: s.marker, Value: []byte("true")},
+		{Key: s.size, Value: strconv.AppendInt(nil, size, 10)},
+		{Key: s.sha, Value: hex.AppendEncode(nil, sha[:])},
+	}
+	if len(metadata) > 0 {
+		hs = append(hs, kgo.RecordHeader{Key: s.metadata, Value: metadata})
+	}
+	return hs
+}
+
+// expected reads the size and digest headers of s; ok is false when a
+// KIP-only producer wrote the record without them.
+func expected(hs []kgo.RecordHeader, s side) (size int64, sha []byte, ok bool, err error) {
+	sv, hasSize := header(hs, s.size)
+	dv, hasSHA := header(hs, s.sha)
+	if !hasSize && !hasSHA {
+		return 0, nil, false, nil
+	}
+	if !hasSize || !hasSHA {
+		return 0, nil, false, fmt.Errorf("%w: only one of %s and %s is present", ErrCorruptReference, s.size, s.sha)
+	}
+	size, err = strconv.ParseInt(string(sv), 10, 64)
+	if err != nil || size < 0 {
+		return 0, nil, false, fmt.Errorf("%w: header %s=%q is not a size", ErrCorruptReference, s.size, sv)
+	}
+	sha, err = hex.DecodeString(string(dv))
+	if err != nil || len(sha) != 32 {
+		return 0, nil, false, fmt.Errorf("%w: header %s=%q is not a SHA-256", ErrCorruptReference, s.sha, dv)
+	}
+	return size, sha, true, nil
+}

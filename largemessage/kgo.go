@@ -1,0 +1,223 @@
+package largemessage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Producer wraps a franz-go client: each record is offloaded as needed
+// before it is handed to the client. It is an explicit wrapper rather than a
+// kgo hook because a hook can neither return an error nor take a context.
+type Producer struct {
+	cl        *kgo.Client
+	ser       *Serializer
+	threshold int64
+
+	mu     sync.Mutex
+	limits map[string]cachedLimits
+}
+
+type cachedLimits struct {
+	l  Limits
+	at time.Time
+}
+
+// limitsTTL is how long a topic's max.message.bytes is cached.
+const limitsTTL = 5 * time.Minute
+
+// NewProducer returns a Producer over cl. cfg gives the store (opened with
+// cfg.OpenStore by the caller and passed as store), the threshold and the
+// codec. When cfg.Codec.Type is empty the codec is taken from the client's
+// ProducerBatchCompression; when it is set it must be the client's (checked
+// on a sample, since exact sizing needs it). Errors: a codec mismatch.
+func NewProducer(cl *kgo.Client, store payloadstore.PayloadStore, cfg Config) (*Producer, error) {
+	codec, err := clientCodec(cl, cfg.Codec)
+	if err != nil {
+		return nil, err
+	}
+	return &Producer{cl: cl, ser: NewSerializer(store, codec), threshold: cfg.Threshold, limits: map[string]cachedLimits{}}, nil
+}
+
+// clientCodec finds the Codec matching cl's compressor.
+func clientCodec(cl *kgo.Client, want Codec) (Codec, error) {
+	codecs, _ := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec)
+	comp, err := kgo.DefaultCompressor(append([]kgo.CompressionCodec(nil), codecs...)...)
+	if err != nil {
+		return Codec{}, err
+	}
+	if want.Type != "" && !(want.Type == "none" && comp == nil) {
+		return want, want.checkAgainstClient(comp)
+	}
+	if comp == nil {
+		return Codec{Type: "none"}, nil
+	}
+	for _, t := range []string{"snappy", "lz4", "zstd", "gzip", "none"} {
+		c := Codec{Type: t}
+		if c.checkAgainstClient(comp) == nil {
+			return c, nil
+		}
+	}
+	return Codec{}, errors.New("cannot tell the client's compression codec and level: set compression.type (and compression.<codec>.level) to match kgo.ProducerBatchCompression")
+}
+
+// Serializer returns the producer's serializer.
+func (p *Producer) Serializer() *Serializer { return p.ser }
+
+// Client returns the wrapped client.
+func (p *Producer) Client() *kgo.Client { return p.cl }
+
+// Limits returns the limits in force for topic: its max.message.bytes read
+// from the cluster (DescribeConfigs, cached for five minutes; the broker's
+// message.max.bytes if the topic does not exist yet), the client's batch cap
+// for it, and the threshold.
+func (p *Producer) Limits(ctx context.Context, topic string) Limits {
+	p.mu.Lock()
+	c, ok := p.limits[topic]
+	p.mu.Unlock()
+	if ok && time.Since(c.at) < limitsTTL {
+		return c.l
+	}
+	l := DeriveLimits(p.threshold, maxMessageBytes(ctx, p.cl, topic), clientBatchMax(p.cl, topic))
+	p.mu.Lock()
+	p.limits[topic] = cachedLimits{l: l, at: time.Now()}
+	p.mu.Unlock()
+	return l
+}
+
+// maxMessageBytes reads the topic's max.message.bytes, or the broker's
+// message.max.bytes, or falls back to Kafka's default with a warning.
+func maxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) int64 {
+	adm := kadm.NewClient(cl)
+	parse := func(rcs kadm.ResourceConfigs, key string) (int64, bool) {
+		for _, rc := range rcs {
+			if rc.Err != nil {
+				continue
+			}
+			for _, c := range rc.Configs {
+				if c.Key == key && c.Value != nil {
+					if n, err := strconv.ParseInt(*c.Value, 10, 64); err == nil {
+						return n, true
+					}
+				}
+			}
+		}
+		return 0, false
+	}
+	if rcs, err := adm.DescribeTopicConfigs(ctx, topic); err == nil {
+		if n, ok := parse(rcs, "max.message.bytes"); ok {
+			return n
+		}
+	}
+	if rcs, err := adm.DescribeBrokerConfigs(ctx); err == nil {
+		if n, ok := parse(rcs, "message.max.bytes"); ok {
+			return n
+		}
+	}
+	slog.Warn("could not read max.message.bytes; assuming Kafka's default", "topic", topic, "bytes", DefaultMaxMessageBytes)
+	return DefaultMaxMessageBytes
+}
+
+// clientBatchMax is franz-go's uncompressed batch cap for topic.
+func clientBatchMax(cl *kgo.Client, topic string) int64 {
+	limit := int64(0)
+	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
+		limit = int64(fn(topic))
+	}
+	if w, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && w > 0 {
+		// franz-go keeps a batch under the request size cap too; 512 bytes
+		// covers the request header, client and transactional ids up to
+		// the client's own lengths, and the topic name.
+		reqCap := int64(w) - 512 - int64(len(topic))
+		if limit == 0 || reqCap < limit {
+			limit = reqCap
+		}
+	}
+	return limit
+}
+
+// Prepare offloads rec as needed for its topic's limits; rec can then be
+// produced with the wrapped client as usual.
+func (p *Producer) Prepare(ctx context.Context, rec *kgo.Record) (Offloaded, error) {
+	return p.ser.Offload(ctx, rec, p.Limits(ctx, rec.Topic))
+}
+
+// ProduceSync prepares each record and produces them, waiting for the
+// acknowledgements. A record that cannot be prepared is not produced, and
+// its error comes back in the result; the others are produced.
+func (p *Producer) ProduceSync(ctx context.Context, recs ...*kgo.Record) kgo.ProduceResults {
+	results := make(kgo.ProduceResults, 0, len(recs))
+	ready := make([]*kgo.Record, 0, len(recs))
+	for _, r := range recs {
+		if _, err := p.Prepare(ctx, r); err != nil {
+			results = append(results, kgo.ProduceResult{Record: r, Err: err})
+			continue
+		}
+		ready = append(ready, r)
+	}
+	return append(results, p.cl.ProduceSync(ctx, ready...)...)
+}
+
+// Produce prepares rec and produces it asynchronously; promise gets the
+// preparation error or the broker's answer.
+func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
+	if _, err := p.Prepare(ctx, rec); err != nil {
+		if promise != nil {
+			promise(rec, err)
+		}
+		return
+	}
+	p.cl.Produce(ctx, rec, promise)
+}
+
+// Consumer wraps a franz-go client's fetches: references are resolved in
+// the caller's goroutine, with the caller's context, not on the fetch
+// goroutine.
+type Consumer struct {
+	cl *kgo.Client
+	de *Deserializer
+}
+
+// NewConsumer returns a Consumer over cl that resolves references with de.
+func NewConsumer(cl *kgo.Client, de *Deserializer) *Consumer { return &Consumer{cl: cl, de: de} }
+
+// Deserializer returns the consumer's deserializer.
+func (c *Consumer) Deserializer() *Deserializer { return c.de }
+
+// Record is a fetched record after resolution. Err is nil, or the
+// *RecordError that kept it from resolving (then Record still holds the
+// reference as fetched, unless Err.Skipped).
+type Record struct {
+	*kgo.Record
+	Err error
+}
+
+// PollRecords polls up to max records (max <= 0: all buffered) and resolves
+// them. The error is the fetch's: the first non-retryable fetch error, or
+// ctx's error; a record's own resolution error is in its Record.Err.
+func (c *Consumer) PollRecords(ctx context.Context, max int) ([]Record, error) {
+	fs := c.cl.PollRecords(ctx, max)
+	var errs []error
+	fs.EachError(func(t string, p int32, err error) {
+		errs = append(errs, fmt.Errorf("fetch topic %s partition %d: %w", t, p, err))
+	})
+	out := c.Resolve(ctx, fs.Records())
+	return out, errors.Join(errs...)
+}
+
+// Resolve resolves records already fetched.
+func (c *Consumer) Resolve(ctx context.Context, recs []*kgo.Record) []Record {
+	out := make([]Record, len(recs))
+	for i, r := range recs {
+		out[i] = Record{Record: r, Err: c.de.Resolve(ctx, r)}
+	}
+	return out
+}

@@ -1,0 +1,269 @@
+package largemessage
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+	"github.com/pierrec/lz4/v4"
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Byte overheads of Kafka's record batch (magic v2). The broker compares
+// BatchOverhead + the (compressed) records with max.message.bytes; franz-go
+// compares BatchOverhead + 4 (the produce request's length prefix) + the
+// uncompressed records with ProducerBatchMaxBytes.
+const (
+	BatchOverhead          = 61
+	clientBatchOverhead    = BatchOverhead + 4
+	legacyRecordOverhead   = 34      // a magic v1 message: franz-go sizes new batches by the larger of v1 and v2
+	DefaultMaxMessageBytes = 1048588 // Kafka's message.max.bytes default
+)
+
+// Codec is the producer's compression.type with its level (KIP-390's
+// compression.<codec>.level), measured with the same libraries and settings
+// franz-go uses, so that a measured size is the size franz-go sends.
+type Codec struct {
+	Type  string // "none", "gzip", "snappy", "lz4" or "zstd"
+	Level int    // 0: the codec's default, as in franz-go
+}
+
+// ParseCodec reads compression.type and compression.<type>.level from props.
+func ParseCodec(props map[string]string) (Codec, error) {
+	c := Codec{Type: strings.ToLower(strings.TrimSpace(props["compression.type"]))}
+	switch c.Type {
+	case "":
+		c.Type = "none"
+	case "none", "gzip", "snappy", "lz4", "zstd":
+	default:
+		return c, fmt.Errorf("compression.type: %q is not one of none, gzip, snappy, lz4, zstd", c.Type)
+	}
+	if v, ok := props["compression."+c.Type+".level"]; ok && c.Type != "none" && c.Type != "snappy" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return c, fmt.Errorf("compression.%s.level: %q is not an integer", c.Type, v)
+		}
+		c.Level = n
+	}
+	return c, nil
+}
+
+// KgoCodec is the franz-go codec for c, for kgo.ProducerBatchCompression.
+func (c Codec) KgoCodec() kgo.CompressionCodec {
+	switch c.Type {
+	case "gzip":
+		return kgo.GzipCompression().WithLevel(c.Level)
+	case "snappy":
+		return kgo.SnappyCompression()
+	case "lz4":
+		return kgo.Lz4Compression().WithLevel(c.Level)
+	case "zstd":
+		return kgo.ZstdCompression().WithLevel(c.Level)
+	}
+	return kgo.NoCompression()
+}
+
+// Limits are the byte limits a topic's records must fit.
+type Limits struct {
+	// Threshold is large.message.threshold.bytes as in force: a record whose
+	// records section as sent (compressed if that is smaller, as franz-go
+	// does) is longer is offloaded. Never above MaxMessageBytes-BatchOverhead.
+	Threshold int64
+	// MaxMessageBytes is the topic's max.message.bytes read from the
+	// cluster (the broker's check, after compression).
+	MaxMessageBytes int64
+	// ClientBatchMaxBytes is the client's cap on an uncompressed batch
+	// (franz-go ProducerBatchMaxBytes, Java max.request.size); 0 for none.
+	ClientBatchMaxBytes int64
+}
+
+// DeriveLimits returns the limits for a topic: the threshold is explicit
+// when > 0, else the largest record the broker and client both accept; in
+// both cases it is capped so that no inline record can fail with
+// MESSAGE_TOO_LARGE.
+func DeriveLimits(explicit, maxMessageBytes, clientBatchMaxBytes int64) Limits {
+	if maxMessageBytes <= 0 {
+		maxMessageBytes = DefaultMaxMessageBytes
+	}
+	hard := maxMessageBytes - BatchOverhead
+	if clientBatchMaxBytes > 0 && clientBatchMaxBytes-clientBatchOverhead < hard {
+		hard = clientBatchMaxBytes - clientBatchOverhead
+	}
+	t := hard
+	if explicit > 0 && explicit < hard {
+		t = explicit
+	}
+	return Limits{Threshold: t, MaxMessageBytes: maxMessageBytes, ClientBatchMaxBytes: clientBatchMaxBytes}
+}
+
+// RecordLen is the exact size of rec encoded as the only record of a magic
+// v2 batch (length varint, attributes, zero timestamp and offset deltas, key,
+// value, headers), which is what the batch's records section holds.
+func RecordLen(key, value []byte, headers []kgo.RecordHeader) int64 {
+	n := recordBodyLen(key, value, headers)
+	return int64(kbin.VarintLen(int32(n)) + n)
+}
+
+// recordBodyLen is RecordLen without the record's own length varint.
+func recordBodyLen(key, value []byte, headers []kgo.RecordHeader) int {
+	n := 1 + 1 + 1 // attributes, timestampDelta 0, offsetDelta 0
+	n += bytesLen(key) + bytesLen(value)
+	n += kbin.VarintLen(int32(len(headers)))
+	for _, h := range headers {
+		n += kbin.VarintLen(int32(len(h.Key))) + len(h.Key) + bytesLen(h.Value)
+	}
+	return n
+}
+
+func bytesLen(b []byte) int {
+	if b == nil {
+		return 1 // varint -1
+	}
+	return kbin.VarintLen(int32(len(b))) + len(b)
+}
+
+// errOver stops a measurement once it passes the limit.
+var errOver = errors.New("over the limit")
+
+// countWriter counts bytes and fails once the count passes limit.
+type countWriter struct{ n, limit int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) {
+	w.n += int64(len(p))
+	if w.n > w.limit {
+		return 0, errOver
+	}
+	return len(p), nil
+}
+
+// Fits reports whether a record with this key, value and headers can be
+// produced inline under l with codec c. The answer is exact: it measures
+// the bytes franz-go would send, never an estimated ratio (KIP-126).
+//
+// Order of work: a record over the client's uncompressed cap never fits; one
+// whose uncompressed size is within the threshold always fits (franz-go sends
+// the uncompressed form when compression does not shrink it); otherwise it is
+// compressed and counted, gzip and lz4 stopping as soon as the count passes
+// the threshold (franz-go streams them through an io.Writer); snappy and zstd
+// are block encoders in franz-go, so the record (at most the client's cap) is
+// encoded whole.
+func (c Codec) Fits(l Limits, key, value []byte, headers []kgo.RecordHeader) (bool, error) {
+	u := RecordLen(key, value, headers)
+	if l.ClientBatchMaxBytes > 0 {
+		wire := max(u, legacyRecordOverhead+int64(len(key))+int64(len(value)))
+		if clientBatchOverhead+wire > l.ClientBatchMaxBytes {
+			return false, nil
+		}
+	}
+	if u <= l.Threshold {
+		return true, nil
+	}
+	if c.Type == "none" || c.Type == "" {
+		return false, nil
+	}
+	rec := appendRecord(make([]byte, 0, u), key, value, headers)
+	n, err := c.CompressedLen(rec, l.Threshold)
+	if errors.Is(err, errOver) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return n <= l.Threshold, nil
+}
+
+func appendRecord(dst, key, value []byte, headers []kgo.RecordHeader) []byte {
+	r := kmsg.Record{Length: int32(recordBodyLen(key, value, headers)), Key: key, Value: value}
+	for _, h := range headers {
+		r.Headers = append(r.Headers, kmsg.Header{Key: h.Key, Value: h.Value})
+	}
+	return r.AppendTo(dst)
+}
+
+// CompressedLen is the length of src compressed with c exactly as franz-go
+// compresses a batch's records. With limit > 0, gzip and lz4 stop and return
+// an error wrapping errOver once the output passes limit.
+func (c Codec) CompressedLen(src []byte, limit int64) (int64, error) {
+	switch c.Type {
+	case "gzip", "lz4":
+		cw := &countWriter{limit: limit}
+		if limit <= 0 {
+			cw.limit = 1<<63 - 1
+		}
+		var w io.WriteCloser
+		if c.Type == "gzip" {
+			level := gzip.DefaultCompression
+			if c.Level != 0 {
+				if _, err := gzip.NewWriterLevel(nil, c.Level); err == nil {
+					level = c.Level
+				}
+			}
+			w, _ = gzip.NewWriterLevel(cw, level)
+		} else {
+			lw := lz4.NewWriter(cw)
+			if err := lw.Apply(lz4.CompressionLevelOption(lz4.CompressionLevel(max(c.Level, 0)))); err != nil {
+				lw = lz4.NewWriter(cw)
+			}
+			w = lw
+		}
+		for len(src) > 0 {
+			chunk := src[:min(len(src), 64<<10)]
+			src = src[len(chunk):]
+			if _, err := w.Write(chunk); err != nil {
+				return cw.n, err
+			}
+		}
+		if err := w.Close(); err != nil {
+			return cw.n, err
+		}
+		return cw.n, nil
+	case "snappy":
+		return int64(len(s2.EncodeSnappy(nil, src))), nil
+	case "zstd":
+		opts := []zstd.EOption{zstd.WithWindowSize(64 << 10), zstd.WithEncoderConcurrency(1), zstd.WithZeroFrames(true)}
+		if probe, err := zstd.NewWriter(nil, append(opts, zstd.WithEncoderLevel(zstd.EncoderLevel(c.Level)))...); err == nil {
+			probe.Close()
+			opts = append(opts, zstd.WithEncoderLevel(zstd.EncoderLevel(c.Level)))
+		}
+		enc, err := zstd.NewWriter(nil, opts...)
+		if err != nil {
+			return 0, err
+		}
+		defer enc.Close()
+		return int64(len(enc.EncodeAll(src, make([]byte, 0, enc.MaxEncodedSize(len(src)))))), nil
+	}
+	return int64(len(src)), nil
+}
+
+// checkAgainstClient compresses a fixed sample with c and with the client's
+// own compressor and fails if the sizes differ: Ferry's sizes are exact only
+// if it measures with the codec and level the client uses.
+func (c Codec) checkAgainstClient(comp kgo.Compressor) error {
+	sample := bytes.Repeat([]byte("ferry exact sizing sample 0123456789 "), 4096)
+	for i := range sample {
+		if i%7 == 0 {
+			sample[i] = byte(i * 31)
+		}
+	}
+	want := int64(len(sample))
+	if comp != nil {
+		out, _ := comp.Compress(new(bytes.Buffer), sample)
+		want = int64(len(out))
+	}
+	got, err := c.CompressedLen(sample, 0)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("the client's compression differs from compression.type=%s (level %d): %d vs %d bytes on a sample; configure the client with largemessage.Codec.KgoCodec()", c.Type, c.Level, want, got)
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package payloadstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrPayloadNotFound: the object a reference names does not exist
+	// (KIP-1159 PayloadNotFoundException), e.g. because a bucket TTL removed it.
+	ErrPayloadNotFound = errors.New("payload not found")
+	// ErrInvalidPath: a full path that does not lie inside the configured
+	// store (another scheme or bucket, an absolute path, "..", escapes).
+	ErrInvalidPath = errors.New("payload path lies outside the configured payload store")
+	// ErrCustomMetadataTooLarge: the store returned more custom metadata than
+	// large.message.payload.store.custom.metadata.max.bytes allows (KIP-917);
+	// the uploaded object has been deleted.
+	ErrCustomMetadataTooLarge = errors.New("payload store custom metadata exceeds large.message.payload.store.custom.metadata.max.bytes")
+	// ErrUnknownScheme: Open was given a URL whose scheme no store registered.
+	ErrUnknownScheme = errors.New("no payload store is registered for this URL scheme")
+)
+
+// Error is a failed store operation (KIP-1159 PayloadStoreException).
+//
+// Op is "publish", "download", "delete" or "open"; Path the full path or
+// topic concerned; Retryable tells the retry policy whether the same call may
+// succeed later (a timeout, a connection reset, HTTP 5xx/429) or never will
+// (not found, invalid path, permission denied). Err is the cause; use
+// errors.Is(err, ErrPayloadNotFound) and friends to test it.
+type Error struct {
+	Op        string
+	Path      string
+	Retryable bool
+	Err       error
+}
+
+func (e *Error) Error() string {
+	kind := "fatal"
+	if e.Retryable {
+		kind = "retryable"
+	}
+	return fmt.Sprintf("payload store %s %q: %v (%s)", e.Op, e.Path, e.Err, kind)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// IsRetryable reports whether err is worth retrying: an *Error with
+// Retryable set, or a context deadline of a single attempt. Cancellation of
+// the caller's context is never retryable.
+func IsRetryable(err error) bool {
+	var se *Error
+	if errors.As(err, &se) {
+		return se.Retryable
+	}
+	return false
+}
+
+func isCtxErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}

@@ -1,0 +1,178 @@
+package payloadstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// FileStoreClass is the payloadStoreClass of references written by FileStore.
+const FileStoreClass = "ferry.payloadstore.FileStore"
+
+func init() { Register("file", openFile) }
+
+// FileStore keeps payloads as files under a directory: "file:///DIR"
+// (absolute) stores <topic>/<id> below DIR. It is the embedded default and
+// suits a shared file system (NFS, a mounted volume) as well.
+//
+// Publish writes to a temporary file in the destination folder, fsyncs it,
+// renames it into place and fsyncs the folder, so a crash or an error never
+// leaves a partial object at a path a reference could name.
+type FileStore struct {
+	dir  string
+	root Root
+	gen  IDGenerator
+}
+
+func openFile(_ context.Context, u *url.URL, opts Options) (PayloadStore, error) {
+	if u.Host != "" && u.Host != "localhost" {
+		return nil, &Error{Op: "open", Path: u.Redacted(), Err: fmt.Errorf("file store URL must be file:///ABSOLUTE/DIR, got host %q", u.Host)}
+	}
+	return NewFileStore(u.Path, opts.IDGenerator)
+}
+
+// NewFileStore opens (creating it if needed) the directory dir, which must be
+// absolute, and checks that it is writable. gen nil means IDUUID.
+func NewFileStore(dir string, gen IDGenerator) (*FileStore, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, &Error{Op: "open", Path: dir, Err: errors.New("file store directory must be an absolute path (file:///abs/dir)")}
+	}
+	dir = filepath.Clean(dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, &Error{Op: "open", Path: dir, Err: err}
+	}
+	probe, err := os.CreateTemp(dir, ".ferry-probe-*")
+	if err != nil {
+		return nil, &Error{Op: "open", Path: dir, Err: fmt.Errorf("directory is not writable: %w", err)}
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	if gen == nil {
+		gen = IDUUID{}
+	}
+	root := "file://" + filepath.ToSlash(dir)
+	if dir == "/" {
+		root = "file://"
+	}
+	return &FileStore{dir: dir, root: Root(root), gen: gen}, nil
+}
+
+func (s *FileStore) Class() string       { return FileStoreClass }
+func (s *FileStore) ID(p Payload) string { return s.gen.ID(p) }
+func (s *FileStore) Close() error        { return nil }
+
+// Root returns the URL prefix of every full path of this store.
+func (s *FileStore) Root() Root { return s.root }
+
+func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
+	key, err := objectKey(topic, objectID(s.gen, p))
+	if err != nil {
+		return PayloadResponse{}, err
+	}
+	fail := func(err error) (PayloadResponse, error) {
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: !errors.Is(err, fs.ErrPermission), Err: err}
+	}
+	dst := filepath.Join(s.dir, filepath.FromSlash(key))
+	dir := filepath.Dir(dst)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fail(err)
+	}
+	if _, err := p.Body.Seek(0, io.SeekStart); err != nil {
+		return fail(err)
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return fail(err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	n, err := io.Copy(tmp, &ctxReader{ctx: ctx, r: io.LimitReader(p.Body, p.Size+1)})
+	if err != nil {
+		return fail(err)
+	}
+	if n != p.Size {
+		return fail(fmt.Errorf("payload body gave %d bytes, want %d", n, p.Size))
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fail(err)
+	}
+	committed = true
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return PayloadResponse{FullPayloadPath: s.root.Path(key)}, nil
+}
+
+func (s *FileStore) file(fullPath, op string) (string, error) {
+	key, err := s.root.Key(fullPath)
+	if err != nil {
+		err.(*Error).Op = op
+		return "", err
+	}
+	name := filepath.Join(s.dir, filepath.FromSlash(key))
+	if !strings.HasPrefix(name, s.dir+string(filepath.Separator)) && s.dir != "/" {
+		return "", &Error{Op: op, Path: fullPath, Err: ErrInvalidPath}
+	}
+	return name, nil
+}
+
+func (s *FileStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {
+	name, err := s.file(fullPath, "download")
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, &Error{Op: "download", Path: fullPath, Err: fmt.Errorf("%w: %v", ErrPayloadNotFound, err)}
+		}
+		return nil, &Error{Op: "download", Path: fullPath, Retryable: !errors.Is(err, fs.ErrPermission), Err: err}
+	}
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		f.Close()
+		return nil, &Error{Op: "download", Path: fullPath, Err: fmt.Errorf("%w: a directory, not an object", ErrPayloadNotFound)}
+	}
+	return f, nil
+}
+
+func (s *FileStore) Delete(_ context.Context, fullPath string) error {
+	name, err := s.file(fullPath, "delete")
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return &Error{Op: "delete", Path: fullPath, Retryable: true, Err: err}
+	}
+	return nil
+}
+
+// ctxReader stops a copy when ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

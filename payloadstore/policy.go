@@ -1,0 +1,162 @@
+package payloadstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+)
+
+// Policy is how Wrap retries a store and bounds its custom metadata. The
+// config keys come from KIP-1159 (early revision) and KIP-917.
+type Policy struct {
+	// Timeout bounds one operation including every retry and backoff
+	// (large.message.payload.store.timeout.ms). KIP-1159 requires it to stay
+	// within the producer's max.block.ms and the consumer's
+	// max.poll.interval.ms; the largemessage config checks that.
+	Timeout time.Duration
+	// RetryCount is how many times a retryable failure is retried
+	// (large.message.payload.store.retry.count); 0 tries once.
+	RetryCount int
+	// RetryBackoff is the first wait between attempts
+	// (large.message.payload.store.retry.backoff.ms); it doubles each retry,
+	// with ±20% jitter, up to RetryMaxBackoff
+	// (large.message.payload.store.retry.max.backoff.ms).
+	RetryBackoff    time.Duration
+	RetryMaxBackoff time.Duration
+	// CustomMetadataMaxBytes is the most custom metadata a publish may
+	// return (large.message.payload.store.custom.metadata.max.bytes, KIP-917,
+	// default 128). Over it the publish fails with ErrCustomMetadataTooLarge
+	// and the uploaded object is deleted.
+	CustomMetadataMaxBytes int
+}
+
+// DefaultPolicy holds the defaults of the large.message.payload.store.* keys.
+var DefaultPolicy = Policy{
+	Timeout:                60 * time.Second,
+	RetryCount:             3,
+	RetryBackoff:           100 * time.Millisecond,
+	RetryMaxBackoff:        1000 * time.Millisecond,
+	CustomMetadataMaxBytes: 128,
+}
+
+// Wrap returns s with p applied: each Publish, Download (the open) and Delete
+// is retried on retryable errors with exponential backoff, the whole of it
+// bounded by p.Timeout; a Publish whose custom metadata is too large is
+// undone. The error of the last attempt is returned, wrapped with the number
+// of attempts.
+func Wrap(s PayloadStore, p Policy) PayloadStore {
+	if w, ok := s.(*policyStore); ok {
+		s = w.PayloadStore
+	}
+	return &policyStore{PayloadStore: s, p: p}
+}
+
+// Unwrap returns the store under a Wrap, or s itself.
+func Unwrap(s PayloadStore) PayloadStore {
+	if w, ok := s.(*policyStore); ok {
+		return w.PayloadStore
+	}
+	return s
+}
+
+type policyStore struct {
+	PayloadStore
+	p Policy
+}
+
+func (w *policyStore) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if w.p.Timeout > 0 {
+		return context.WithTimeout(ctx, w.p.Timeout)
+	}
+	return context.WithCancel(ctx)
+}
+
+// retry runs op until it succeeds, fails fatally, runs out of attempts or
+// ctx ends.
+func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error) {
+	backoff := p.RetryBackoff
+	var zero T
+	for attempt := 0; ; attempt++ {
+		v, err := op()
+		if err == nil {
+			return v, nil
+		}
+		if !IsRetryable(err) || attempt >= p.RetryCount {
+			if attempt > 0 {
+				err = fmt.Errorf("after %d attempts: %w", attempt+1, err)
+			}
+			return zero, err
+		}
+		wait := backoff
+		if wait > 0 {
+			wait = time.Duration(float64(wait) * (0.8 + 0.4*rand.Float64()))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return zero, fmt.Errorf("after %d attempts, large.message.payload.store.timeout.ms ran out: %w", attempt+1, errors.Join(err, ctx.Err()))
+		case <-t.C:
+		}
+		backoff *= 2
+		if p.RetryMaxBackoff > 0 && backoff > p.RetryMaxBackoff {
+			backoff = p.RetryMaxBackoff
+		}
+	}
+}
+
+func (w *policyStore) Publish(ctx context.Context, topic string, pl Payload) (PayloadResponse, error) {
+	ctx, cancel := w.withTimeout(ctx)
+	defer cancel()
+	if pl.ID == "" {
+		// Fix the id once, so that every attempt writes the same object.
+		pl.ID = w.PayloadStore.ID(pl)
+	}
+	resp, err := retry(ctx, w.p, func() (PayloadResponse, error) {
+		return w.PayloadStore.Publish(ctx, topic, pl)
+	})
+	if err != nil {
+		return PayloadResponse{}, err
+	}
+	if max := w.p.CustomMetadataMaxBytes; len(resp.CustomMetadata) > max {
+		derr := w.Delete(context.WithoutCancel(ctx), resp.FullPayloadPath)
+		return PayloadResponse{}, &Error{Op: "publish", Path: resp.FullPayloadPath,
+			Err: errors.Join(fmt.Errorf("%w: %d bytes > %d", ErrCustomMetadataTooLarge, len(resp.CustomMetadata), max), derr)}
+	}
+	return resp, nil
+}
+
+func (w *policyStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {
+	ctx, cancel := w.withTimeout(ctx)
+	rc, err := retry(ctx, w.p, func() (io.ReadCloser, error) {
+		return w.PayloadStore.Download(ctx, fullPath)
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &cancelOnClose{ReadCloser: rc, cancel: cancel}, nil
+}
+
+func (w *policyStore) Delete(ctx context.Context, fullPath string) error {
+	ctx, cancel := w.withTimeout(ctx)
+	defer cancel()
+	_, err := retry(ctx, w.p, func() (struct{}, error) {
+		return struct{}{}, w.PayloadStore.Delete(ctx, fullPath)
+	})
+	return err
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnClose) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel()
+	return err
+}

@@ -1,0 +1,77 @@
+package payloadstore
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"sync"
+)
+
+// Options configure a store opened by URL.
+type Options struct {
+	// IDGenerator names objects whose Payload.ID is empty; nil means IDUUID.
+	IDGenerator IDGenerator
+}
+
+// Opener opens a store for a parsed URL. It should check that the store is
+// reachable and writable, so that a bad URL or missing credentials fail at
+// start-up rather than at the first large record.
+type Opener func(ctx context.Context, u *url.URL, opts Options) (PayloadStore, error)
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]Opener{}
+)
+
+// Register makes a store available to Open under a URL scheme ("file",
+// "mem", "s3", …). It panics if the scheme is already taken, as
+// database/sql.Register does.
+func Register(scheme string, open Opener) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if _, dup := registry[scheme]; dup {
+		panic("payloadstore: scheme registered twice: " + scheme)
+	}
+	registry[scheme] = open
+}
+
+// Schemes lists the registered URL schemes, sorted.
+func Schemes() []string {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	out := make([]string, 0, len(registry))
+	for s := range registry {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Open opens the store that rawURL names. Errors: ErrUnknownScheme wrapped in
+// an *Error for an unregistered scheme, a parse error for a malformed URL,
+// and whatever the store's Opener returns (unreachable, not writable).
+func Open(ctx context.Context, rawURL string, opts Options) (PayloadStore, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, &Error{Op: "open", Path: redact(rawURL), Err: err}
+	}
+	registryMu.RLock()
+	open := registry[u.Scheme]
+	registryMu.RUnlock()
+	if open == nil {
+		return nil, &Error{Op: "open", Path: u.Redacted(), Err: fmt.Errorf("%w %q (known: %v)", ErrUnknownScheme, u.Scheme, Schemes())}
+	}
+	if opts.IDGenerator == nil {
+		opts.IDGenerator = IDUUID{}
+	}
+	return open(ctx, u, opts)
+}
+
+// redact hides anything after "://user:" in an unparsable URL.
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return "<unparsable URL>"
+}
