@@ -117,7 +117,15 @@ func maxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) int64 {
 			return n
 		}
 	}
-	if rcs, err := adm.DescribeBrokerConfigs(ctx); err == nil {
+	// With no broker ids, DescribeBrokerConfigs returns only dynamic
+	// cluster-wide configs; ask one broker for its effective value.
+	var ids []int32
+	if md, err := adm.BrokerMetadata(ctx); err == nil {
+		for _, b := range md.Brokers {
+			ids = append(ids, b.NodeID)
+		}
+	}
+	if rcs, err := adm.DescribeBrokerConfigs(ctx, ids...); len(ids) > 0 && err == nil {
 		if n, ok := parse(rcs, "message.max.bytes"); ok {
 			return n
 		}
