@@ -22,7 +22,8 @@ type Serializer struct {
 
 // NewSerializer returns a Serializer that publishes to store (normally one
 // from Config.OpenStore, i.e. wrapped with the retry policy) and measures
-// sizes with codec.
+// sizes with codec. store may be nil: records that fit pass, the others fail
+// with ErrNoPayloadStore.
 func NewSerializer(store payloadstore.PayloadStore, codec Codec) *Serializer {
 	return &Serializer{store: store, codec: codec}
 }
@@ -97,7 +98,14 @@ func (s *Serializer) OffloadValue(ctx context.Context, rec *kgo.Record, p payloa
 	return did, err
 }
 
+// ErrNoPayloadStore: a record must be offloaded but no payload store is
+// configured (large.message.payload.store.url).
+var ErrNoPayloadStore = errors.New("no payload store is configured (large.message.payload.store.url)")
+
 func (s *Serializer) offloadSide(ctx context.Context, rec *kgo.Record, sd side, p payloadstore.Payload, did *Offloaded) error {
+	if s.store == nil {
+		return fmt.Errorf("topic %s: the %s (%d bytes) must be offloaded: %w", rec.Topic, sd.name, p.Size, ErrNoPayloadStore)
+	}
 	resp, err := s.store.Publish(ctx, rec.Topic, p)
 	if err != nil {
 		return fmt.Errorf("topic %s: offloading the %s (%d bytes): %w", rec.Topic, sd.name, p.Size, err)

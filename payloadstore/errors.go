@@ -17,6 +17,10 @@ var (
 	// large.message.payload.store.custom.metadata.max.bytes allows (KIP-917);
 	// the uploaded object has been deleted.
 	ErrCustomMetadataTooLarge = errors.New("payload store custom metadata exceeds large.message.payload.store.custom.metadata.max.bytes")
+	// ErrPayloadChanged: the bytes a store read while publishing differ
+	// from the payload's Size or SHA256 (its source changed during the
+	// upload); the object has been deleted and nothing references it.
+	ErrPayloadChanged = errors.New("payload changed while it was being published")
 	// ErrUnknownScheme: Open was given a URL whose scheme no store registered.
 	ErrUnknownScheme = errors.New("no payload store is registered for this URL scheme")
 )

@@ -102,7 +102,7 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 		return fail(err)
 	}
 	if n != p.Size {
-		return fail(fmt.Errorf("payload body gave %d bytes, want %d", n, p.Size))
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)}
 	}
 	if err := tmp.Sync(); err != nil {
 		return fail(err)

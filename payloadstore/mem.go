@@ -74,7 +74,7 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 	buf.Grow(int(p.Size))
 	n, err := io.Copy(&buf, &ctxReader{ctx: ctx, r: io.LimitReader(p.Body, p.Size+1)})
 	if err == nil && n != p.Size {
-		err = fmt.Errorf("payload body gave %d bytes, want %d", n, p.Size)
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)}
 	}
 	if err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: true, Err: err}

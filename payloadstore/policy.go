@@ -1,9 +1,12 @@
 package payloadstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math/rand/v2"
 	"time"
@@ -115,11 +118,23 @@ func (w *policyStore) Publish(ctx context.Context, topic string, pl Payload) (Pa
 		// Fix the id once, so that every attempt writes the same object.
 		pl.ID = w.PayloadStore.ID(pl)
 	}
+	// Hash what the store actually reads: a Body that changed since its
+	// SHA256 was taken (a file rewritten during upload) must not end up
+	// referenced under a digest it does not have.
+	hb := &hashingBody{body: pl.Body, h: sha256.New()}
+	pl.Body = hb
 	resp, err := retry(ctx, w.p, func() (PayloadResponse, error) {
 		return w.PayloadStore.Publish(ctx, topic, pl)
 	})
 	if err != nil {
 		return PayloadResponse{}, err
+	}
+	// A store that did not read through Body (a stub, or one that reads the
+	// source another way) is not checked here.
+	if got := hb.h.Sum(nil); hb.n > 0 && (hb.n != pl.Size || !bytes.Equal(got, pl.SHA256[:])) {
+		derr := w.Delete(context.WithoutCancel(ctx), resp.FullPayloadPath)
+		return PayloadResponse{}, &Error{Op: "publish", Path: resp.FullPayloadPath,
+			Err: errors.Join(fmt.Errorf("%w: the store read %d bytes with SHA-256 %x, the payload was %d bytes with %x", ErrPayloadChanged, hb.n, got, pl.Size, pl.SHA256), derr)}
 	}
 	if max := w.p.CustomMetadataMaxBytes; len(resp.CustomMetadata) > max {
 		derr := w.Delete(context.WithoutCancel(ctx), resp.FullPayloadPath)
@@ -159,4 +174,28 @@ func (c *cancelOnClose) Close() error {
 	err := c.ReadCloser.Close()
 	c.cancel()
 	return err
+}
+
+// hashingBody hashes the bytes a store reads from a payload body; a seek
+// back to the start (a retry) starts the hash afresh.
+type hashingBody struct {
+	body io.ReadSeeker
+	h    hash.Hash
+	n    int64
+}
+
+func (b *hashingBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	b.h.Write(p[:n])
+	b.n += int64(n)
+	return n, err
+}
+
+func (b *hashingBody) Seek(off int64, whence int) (int64, error) {
+	pos, err := b.body.Seek(off, whence)
+	if err == nil && pos == 0 {
+		b.h.Reset()
+		b.n = 0
+	}
+	return pos, err
 }

@@ -1,0 +1,216 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferrykit/ferry/largemessage"
+)
+
+// defaultIdle is how long consume waits for a new record before it stops.
+const defaultIdle = 10 * time.Second
+
+type consumeFlags struct {
+	brokers, topic, store, out string
+	n                          int
+	fromBeginning              bool
+	idle                       time.Duration
+}
+
+func (a *app) consumeCommand() *cobra.Command {
+	var f consumeFlags
+	cmd := &cobra.Command{
+		Use:   "consume --brokers HOST:PORT[,...] --topic TOPIC [--store URL] [--out DIR] [-n N] [--timeout DURATION]",
+		Short: "Consume records, resolving large-message references, to files or standard output",
+		Long: `Consume TOPIC without a consumer group, from the start of every partition
+(--from-beginning=false: only new records). Each record's value is resolved
+through the payload store as it streams, its size and SHA-256 checked against
+the record's headers, and written to DIR/TOPIC-PARTITION-OFFSET (--out DIR;
+the file appears only once it checked out) or to standard output, values
+back to back (there a value streams out as it is read, so a digest mismatch
+is reported after its bytes were written). With --out, one line per record
+goes to standard output:
+  TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded -> FILE
+
+ferry stops after -n N records, or once no record has arrived for
+--timeout (default 10s; 0 waits for ever, until Ctrl-C).
+
+A record that cannot be resolved (payload missing, digest mismatch, store
+unreachable) stops ferry with an error naming its topic, partition and
+offset, unless large.message.skip.not.found.error=true and the payload is
+missing: then it is reported as a warning and skipped.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.consume(cmd.Context(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.brokers, "brokers", "", "Kafka bootstrap servers, `HOST:PORT[,...]` (property bootstrap.servers)")
+	fl.StringVarP(&f.topic, "topic", "t", "", "topic to consume (required)")
+	fl.StringVar(&f.store, "store", "", "payload store `URL` or directory (property "+largemessage.KeyStoreURL+")")
+	fl.StringVarP(&f.out, "out", "o", "", "write each value to `DIR`/TOPIC-PARTITION-OFFSET instead of standard output")
+	fl.IntVarP(&f.n, "count", "n", 0, "stop after `N` records (0: no limit)")
+	fl.BoolVar(&f.fromBeginning, "from-beginning", true, "start at the earliest offset of each partition (false: the latest)")
+	fl.DurationVar(&f.idle, "timeout", defaultIdle, "stop when no record arrives for this `DURATION` (0: wait for ever)")
+	return cmd
+}
+
+func (a *app) consume(ctx context.Context, f consumeFlags) error {
+	if f.topic == "" {
+		return usageErrorf("consume: --topic is required (see ferry consume --help)")
+	}
+	if f.n < 0 {
+		return usageErrorf("consume: -n %d: must be 0 or more", f.n)
+	}
+	if f.idle < 0 {
+		return usageErrorf("consume: --timeout %s: must be 0 or more", f.idle)
+	}
+	if f.out != "" {
+		if err := os.MkdirAll(f.out, 0o755); err != nil {
+			return usageErrorf("consume: --out: %v", err)
+		}
+	}
+	s, err := a.loadSettings(f.brokers, f.store, true)
+	if err != nil {
+		return err
+	}
+	store, err := s.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	start := kgo.NewOffset().AtStart()
+	if !f.fromBeginning {
+		start = kgo.NewOffset().AtEnd()
+	}
+	cl, err := s.connect(ctx, kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := checkTopic(ctx, cl, f.topic); err != nil {
+		return err
+	}
+	c := &consumer{
+		cl:  cl,
+		de:  largemessage.NewDeserializer(store, s.cfg.SkipNotFound),
+		out: f.out, stdout: a.stdout,
+	}
+	return c.run(ctx, f.n, f.idle)
+}
+
+type consumer struct {
+	cl     *kgo.Client
+	de     *largemessage.Deserializer
+	out    string
+	stdout io.Writer
+}
+
+// run consumes until max records (0: no limit) or until idle passes without
+// a record (0: no limit).
+func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
+	done := 0
+	for max == 0 || done < max {
+		pctx, cancel := ctx, context.CancelFunc(func() {})
+		if idle > 0 {
+			pctx, cancel = context.WithTimeout(ctx, idle)
+		}
+		want := 0
+		if max > 0 {
+			want = max - done
+		}
+		fs := c.cl.PollRecords(pctx, want)
+		timedOut := pctx.Err() != nil
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var ferr error
+		fs.EachError(func(t string, p int32, err error) {
+			if ferr == nil && !(timedOut && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))) {
+				ferr = fmt.Errorf("fetching topic %s partition %d: %w", t, p, err)
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		recs := fs.Records()
+		for _, r := range recs {
+			if err := c.one(ctx, r); err != nil {
+				return err
+			}
+			done++
+		}
+		if len(recs) == 0 && timedOut {
+			if max > 0 {
+				slog.Warn(fmt.Sprintf("no new record for %s; stopping after %d of %d records", idle, done, max))
+			} else {
+				slog.Info("no new record; stopping", "timeout", idle, "records", done)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// one resolves r's value as it streams and writes it out.
+func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
+	rc, _, err := c.de.OpenValue(ctx, r)
+	if err != nil {
+		var re *largemessage.RecordError
+		if errors.As(err, &re) && re.Skipped {
+			slog.Warn("skipped a record whose payload is missing", "err", re.Error())
+			return nil
+		}
+		return err
+	}
+	defer rc.Close()
+	offloaded := largemessage.IsOffloaded(r)
+	if c.out == "" {
+		if _, err := io.Copy(c.stdout, rc); err != nil {
+			return c.recordErr(r, err)
+		}
+		return nil
+	}
+	name := filepath.Join(c.out, fmt.Sprintf("%s-%d-%d", r.Topic, r.Partition, r.Offset))
+	tmp, err := os.CreateTemp(c.out, ".ferry-*")
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(tmp, rc)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), name)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return c.recordErr(r, err)
+	}
+	how := "inline"
+	if offloaded {
+		how = "offloaded"
+	}
+	fmt.Fprintf(c.stdout, "%s/%d@%d %d bytes %s -> %s\n", r.Topic, r.Partition, r.Offset, n, how, name)
+	return nil
+}
+
+// recordErr names the record in err unless it already does (a
+// *largemessage.RecordError from the verifying reader).
+func (c *consumer) recordErr(r *kgo.Record, err error) error {
+	var re *largemessage.RecordError
+	if errors.As(err, &re) {
+		return err
+	}
+	return fmt.Errorf("topic %s partition %d offset %d: %w", r.Topic, r.Partition, r.Offset, err)
+}

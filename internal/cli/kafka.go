@@ -1,0 +1,258 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferrykit/ferry/internal/props"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
+)
+
+// Property keys the command maps onto franz-go options (the large.message.*
+// keys, compression.type and its levels are largemessage.ParseConfig's).
+const (
+	keyBootstrap      = "bootstrap.servers"
+	keyClientID       = "client.id"
+	keyMaxRequestSize = "max.request.size"
+)
+
+// pingTimeout bounds the start-up check that Kafka answers.
+const pingTimeout = 10 * time.Second
+
+// settings are the properties after the command's flags were applied.
+type settings struct {
+	props   map[string]string
+	brokers []string
+	cfg     largemessage.Config
+}
+
+// loadSettings loads --config/-X, applies --brokers and --store over
+// bootstrap.servers and large.message.payload.store.url, and parses the
+// large-message configuration. Errors are usage errors.
+func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*settings, error) {
+	p, err := a.props()
+	if err != nil {
+		return nil, err
+	}
+	if brokersFlag != "" {
+		p[keyBootstrap] = brokersFlag
+	}
+	if storeFlag != "" {
+		u, err := normalizeStoreURL(storeFlag)
+		if err != nil {
+			return nil, usageErrorf("--store %q: %v", storeFlag, err)
+		}
+		p[largemessage.KeyStoreURL] = u
+	}
+	s := &settings{props: p}
+	warnIgnored(p)
+	for _, b := range strings.Split(p[keyBootstrap], ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			s.brokers = append(s.brokers, b)
+		}
+	}
+	if needBrokers && len(s.brokers) == 0 {
+		return nil, usageErrorf("--brokers (or the property %s) is required", keyBootstrap)
+	}
+	if s.cfg, err = largemessage.ParseConfig(p); err != nil {
+		return nil, &usageError{err: err}
+	}
+	return s, nil
+}
+
+// warnIgnored warns about properties ferry does not apply, so that a
+// setting such as security.protocol is not dropped silently.
+func warnIgnored(p map[string]string) {
+	for _, k := range props.Keys(p) {
+		switch {
+		case k == keyBootstrap, k == keyClientID, k == keyMaxRequestSize,
+			k == largemessage.KeyCompressionType, k == largemessage.KeyMaxBlock, k == largemessage.KeyMaxPollInterval,
+			strings.HasPrefix(k, "large.message."),
+			strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
+		default:
+			slog.Warn("property not supported by ferry; ignored", "key", k)
+		}
+	}
+}
+
+// normalizeStoreURL accepts a store URL, or a plain directory path which
+// becomes file://ABS.
+func normalizeStoreURL(s string) (string, error) {
+	if strings.Contains(s, "://") {
+		return s, nil
+	}
+	abs, err := filepath.Abs(s)
+	if err != nil {
+		return "", err
+	}
+	return "file://" + filepath.ToSlash(abs), nil
+}
+
+// clientOpts maps the properties onto franz-go options.
+func (s *settings) clientOpts() ([]kgo.Opt, error) {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(s.brokers...),
+		kgo.WithLogger(slogLogger{}),
+	}
+	if id := strings.TrimSpace(s.props[keyClientID]); id != "" {
+		opts = append(opts, kgo.ClientID(id))
+	}
+	if v, ok := s.props[keyMaxRequestSize]; ok {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+		if err != nil || n <= 0 {
+			return nil, usageErrorf("%s: %q is not a positive 32-bit integer", keyMaxRequestSize, v)
+		}
+		opts = append(opts, kgo.ProducerBatchMaxBytes(int32(n)))
+	}
+	if s.cfg.Codec.Type == "none" || s.cfg.Codec.Type == "" {
+		opts = append(opts, kgo.ProducerBatchCompression(kgo.NoCompression()))
+	} else {
+		opts = append(opts, kgo.ProducerBatchCompression(s.cfg.Codec.KgoCodec()))
+	}
+	return opts, nil
+}
+
+// connect makes a client and checks that Kafka answers within pingTimeout.
+func (s *settings) connect(ctx context.Context, extra ...kgo.Opt) (*kgo.Client, error) {
+	opts, err := s.clientOpts()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(opts, extra...)...)
+	if err != nil {
+		return nil, &usageError{err: fmt.Errorf("kafka client: %w", err)}
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := cl.Ping(pctx); err != nil {
+		cl.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer within %s", pingTimeout)
+		}
+		return nil, fmt.Errorf("cannot reach Kafka at %s: %w", strings.Join(s.brokers, ","), err)
+	}
+	return cl, nil
+}
+
+// checkTopic fails clearly when topic does not exist.
+func checkTopic(ctx context.Context, cl *kgo.Client, topic string) error {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	tds, err := kadm.NewClient(cl).ListTopics(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("topic %s: reading metadata: %w", topic, err)
+	}
+	td, ok := tds[topic]
+	switch {
+	case !ok || errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+		return fmt.Errorf("topic %s does not exist", topic)
+	case td.Err != nil:
+		return fmt.Errorf("topic %s: %w", topic, td.Err)
+	}
+	return nil
+}
+
+// openStore opens the configured payload store, or returns a stand-in that
+// fails every operation with errNoStore when none is configured (so small
+// records can be produced and inline records consumed without one).
+func (s *settings) openStore(ctx context.Context) (payloadstore.PayloadStore, error) {
+	if s.cfg.StoreURL == "" {
+		return noStore{}, nil
+	}
+	st, err := s.cfg.OpenStore(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cannot open payload store %s: %w", redactURL(s.cfg.StoreURL), err)
+	}
+	return st, nil
+}
+
+func redactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return "<unparsable URL>"
+}
+
+// errNoStore: a record had to go through the payload store but none is set.
+var errNoStore = errors.New("no payload store is set: use --store URL or -X " + largemessage.KeyStoreURL + "=URL (e.g. file:///var/ferry)")
+
+// noStore is the PayloadStore used when none is configured.
+type noStore struct{}
+
+func (noStore) Publish(_ context.Context, topic string, _ payloadstore.Payload) (payloadstore.PayloadResponse, error) {
+	return payloadstore.PayloadResponse{}, &payloadstore.Error{Op: "publish", Path: topic, Err: errNoStore}
+}
+func (noStore) Download(_ context.Context, fullPath string) (io.ReadCloser, error) {
+	return nil, &payloadstore.Error{Op: "download", Path: fullPath, Err: errNoStore}
+}
+func (noStore) Delete(context.Context, string) error { return errNoStore }
+func (noStore) ID(payloadstore.Payload) string       { return "" }
+func (noStore) Class() string                        { return "ferry.cli.NoStore" }
+func (noStore) Close() error                         { return nil }
+
+// slogLogger sends franz-go's logs to slog. franz-go logs a failed dial as
+// a warning, so its messages are only shown from --log-level info down: the
+// command reports failures itself, in one line.
+type slogLogger struct{}
+
+func (slogLogger) Level() kgo.LogLevel {
+	ctx := context.Background()
+	switch h := slog.Default().Handler(); {
+	case h.Enabled(ctx, slog.LevelDebug):
+		return kgo.LogLevelDebug
+	case h.Enabled(ctx, slog.LevelInfo):
+		return kgo.LogLevelInfo
+	}
+	return kgo.LogLevelNone
+}
+
+func (slogLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lvl := slog.LevelDebug
+	switch level {
+	case kgo.LogLevelError:
+		lvl = slog.LevelError
+	case kgo.LogLevelWarn:
+		lvl = slog.LevelWarn
+	case kgo.LogLevelInfo:
+		lvl = slog.LevelInfo
+	}
+	slog.Log(context.Background(), lvl, "kafka: "+msg, keyvals...)
+}
+
+// recordBytes is what a record occupies in Kafka as stored: key, value and
+// header keys and values.
+func recordBytes(r *kgo.Record) int64 {
+	n := int64(len(r.Key) + len(r.Value))
+	for _, h := range r.Headers {
+		n += int64(len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+// referencePath returns the full payload path of an offloaded record's value.
+func referencePath(r *kgo.Record) string {
+	if !largemessage.IsOffloaded(r) {
+		return ""
+	}
+	ref, err := largemessage.DecodeReference(r.Value)
+	if err != nil {
+		return ""
+	}
+	return ref.FullPayloadPath
+}
