@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/serde"
 )
 
 // Config keys. The large.message.* names follow KIP-1159 (and its early
@@ -48,6 +49,10 @@ type Config struct {
 	SkipNotFound bool
 	// Codec is the producer's compression.type (and level).
 	Codec Codec
+	// Serde chains (package serde): key.serializers, value.serializers,
+	// key.deserializers, value.deserializers. A serializer chain without
+	// the large-message stage turns offloading off for that side.
+	KeySerializers, ValueSerializers, KeyDeserializers, ValueDeserializers *serde.Chain
 	// MaxBlock (max.block.ms) and MaxPollInterval (max.poll.interval.ms)
 	// bound Policy.Timeout, as KIP-1159 requires.
 	MaxBlock, MaxPollInterval time.Duration
@@ -55,10 +60,12 @@ type Config struct {
 
 // DefaultConfig is the configuration with every key at its default.
 func DefaultConfig() Config {
+	ser, _ := serde.ParseSerializers("bytes," + serde.LargeMessage)
+	de, _ := serde.ParseDeserializers(serde.LargeMessage + ",bytes")
 	return Config{
+		KeySerializers: ser, ValueSerializers: ser, KeyDeserializers: de, ValueDeserializers: de,
 		IDGenerator:     payloadstore.IDUUID{},
 		Policy:          payloadstore.DefaultPolicy,
-		Codec:           Codec{Type: "none"},
 		MaxBlock:        defaultMaxBlock,
 		MaxPollInterval: defaultMaxPollInterval,
 	}
@@ -105,6 +112,24 @@ func ParseConfig(props map[string]string) (Config, error) {
 	if v, ok := props[KeySkipNotFound]; ok {
 		if c.SkipNotFound, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
 			return c, fmt.Errorf("%s: %q is not true or false", KeySkipNotFound, v)
+		}
+	}
+	for _, ch := range []struct {
+		key string
+		dst **serde.Chain
+		de  bool
+	}{{"key.serializers", &c.KeySerializers, false}, {"value.serializers", &c.ValueSerializers, false},
+		{"key.deserializers", &c.KeyDeserializers, true}, {"value.deserializers", &c.ValueDeserializers, true}} {
+		v, ok := props[ch.key]
+		if !ok {
+			continue
+		}
+		parse := serde.ParseSerializers
+		if ch.de {
+			parse = serde.ParseDeserializers
+		}
+		if *ch.dst, err = parse(v); err != nil {
+			return c, fmt.Errorf("%s: %w", ch.key, err)
 		}
 	}
 	if c.IDGenerator, err = payloadstore.ParseIDGenerator(strings.TrimSpace(props[KeyIDGenerator])); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/serde"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -21,6 +22,8 @@ type Producer struct {
 	cl        *kgo.Client
 	ser       *Serializer
 	threshold int64
+	keySer    *serde.Chain
+	valueSer  *serde.Chain
 
 	mu     sync.Mutex
 	limits map[string]cachedLimits
@@ -44,7 +47,17 @@ func NewProducer(cl *kgo.Client, store payloadstore.PayloadStore, cfg Config) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Producer{cl: cl, ser: NewSerializer(store, codec), threshold: cfg.Threshold, limits: map[string]cachedLimits{}}, nil
+	ser := NewSerializer(store, codec)
+	d := DefaultConfig()
+	p := &Producer{cl: cl, ser: ser, threshold: cfg.Threshold, keySer: cfg.KeySerializers, valueSer: cfg.ValueSerializers, limits: map[string]cachedLimits{}}
+	if p.keySer == nil {
+		p.keySer = d.KeySerializers
+	}
+	if p.valueSer == nil {
+		p.valueSer = d.ValueSerializers
+	}
+	ser.noKey, ser.noValue = !p.keySer.LargeMessage(), !p.valueSer.LargeMessage()
+	return p, nil
 }
 
 // clientCodec finds the Codec matching cl's compressor.
@@ -174,6 +187,25 @@ func (p *Producer) ProduceSync(ctx context.Context, recs ...*kgo.Record) kgo.Pro
 	return append(results, p.cl.ProduceSync(ctx, ready...)...)
 }
 
+// ProduceValue serializes key and value with the key.serializers and
+// value.serializers chains, then prepares and produces the record, waiting
+// for the acknowledgement. Errors: a stage's, Prepare's, or the broker's.
+func (p *Producer) ProduceValue(ctx context.Context, topic string, key, value any, headers ...kgo.RecordHeader) (*kgo.Record, error) {
+	rec := &kgo.Record{Topic: topic, Headers: headers}
+	var err error
+	if key != nil {
+		if rec.Key, err = p.keySer.Serialize(ctx, topic, key); err != nil {
+			return nil, fmt.Errorf("key.serializers %s: %w", p.keySer, err)
+		}
+	}
+	if value != nil {
+		if rec.Value, err = p.valueSer.Serialize(ctx, topic, value); err != nil {
+			return nil, fmt.Errorf("value.serializers %s: %w", p.valueSer, err)
+		}
+	}
+	return rec, p.ProduceSync(ctx, rec).FirstErr()
+}
+
 // Produce prepares rec and produces it asynchronously; promise gets the
 // preparation error or the broker's answer.
 func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
@@ -190,12 +222,44 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 // the caller's goroutine, with the caller's context, not on the fetch
 // goroutine.
 type Consumer struct {
-	cl *kgo.Client
-	de *Deserializer
+	cl             *kgo.Client
+	de             *Deserializer
+	keyDe, valueDe *serde.Chain
 }
 
 // NewConsumer returns a Consumer over cl that resolves references with de.
-func NewConsumer(cl *kgo.Client, de *Deserializer) *Consumer { return &Consumer{cl: cl, de: de} }
+func NewConsumer(cl *kgo.Client, de *Deserializer) *Consumer {
+	d := DefaultConfig()
+	return &Consumer{cl: cl, de: de, keyDe: d.KeyDeserializers, valueDe: d.ValueDeserializers}
+}
+
+// WithDeserializers sets the key.deserializers and value.deserializers
+// chains Decode runs (nil keeps the current one) and returns c.
+func (c *Consumer) WithDeserializers(key, value *serde.Chain) *Consumer {
+	if key != nil {
+		c.keyDe = key
+	}
+	if value != nil {
+		c.valueDe = value
+	}
+	return c
+}
+
+// Decode runs a resolved record's key and value through the deserializer
+// chains and returns the application's values. A record with Err set is
+// not decoded: its Err comes back.
+func (c *Consumer) Decode(ctx context.Context, r Record) (key, value any, err error) {
+	if r.Err != nil {
+		return nil, nil, r.Err
+	}
+	if key, err = c.keyDe.Deserialize(ctx, r.Topic, r.Key); err != nil {
+		return nil, nil, fmt.Errorf("topic %s partition %d offset %d: key.deserializers %s: %w", r.Topic, r.Partition, r.Offset, c.keyDe, err)
+	}
+	if value, err = c.valueDe.Deserialize(ctx, r.Topic, r.Value); err != nil {
+		return nil, nil, fmt.Errorf("topic %s partition %d offset %d: value.deserializers %s: %w", r.Topic, r.Partition, r.Offset, c.valueDe, err)
+	}
+	return key, value, nil
+}
 
 // Deserializer returns the consumer's deserializer.
 func (c *Consumer) Deserializer() *Deserializer { return c.de }

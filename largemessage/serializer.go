@@ -18,6 +18,9 @@ var ErrRecordTooLarge = errors.New("record does not fit max.message.bytes even w
 type Serializer struct {
 	store payloadstore.PayloadStore
 	codec Codec
+	// noKey / noValue: the key.serializers / value.serializers chain has
+	// no large-message stage, so that side is never offloaded.
+	noKey, noValue bool
 }
 
 // NewSerializer returns a Serializer that publishes to store (normally one
@@ -65,9 +68,9 @@ func (s *Serializer) Offload(ctx context.Context, rec *kgo.Record, l Limits) (Of
 		}
 		valueFirst := len(rec.Value) >= len(rec.Key)
 		switch {
-		case !did.Value && rec.Value != nil && (valueFirst || did.Key || rec.Key == nil):
+		case !did.Value && !s.noValue && rec.Value != nil && (valueFirst || did.Key || s.noKey || rec.Key == nil):
 			err = s.offloadSide(ctx, rec, valueSide, payloadstore.BytesPayload(rec.Value), &did)
-		case !did.Key && rec.Key != nil:
+		case !did.Key && !s.noKey && rec.Key != nil:
 			p := payloadstore.BytesPayload(rec.Key)
 			p.ID = p.HexSHA256()
 			err = s.offloadSide(ctx, rec, keySide, p, &did)

@@ -32,7 +32,7 @@ const (
 // compression.<codec>.level), measured with the same libraries and settings
 // franz-go uses, so that a measured size is the size franz-go sends.
 type Codec struct {
-	Type  string // "none", "gzip", "snappy", "lz4" or "zstd"
+	Type  string // "none", "gzip", "snappy", "lz4" or "zstd"; "" = unset (NewProducer takes the client's; elsewhere none)
 	Level int    // 0: the codec's default, as in franz-go
 }
 
@@ -40,8 +40,7 @@ type Codec struct {
 func ParseCodec(props map[string]string) (Codec, error) {
 	c := Codec{Type: strings.ToLower(strings.TrimSpace(props["compression.type"]))}
 	switch c.Type {
-	case "":
-		c.Type = "none"
+	case "": // unset: NewProducer takes the client's codec
 	case "none", "gzip", "snappy", "lz4", "zstd":
 	default:
 		return c, fmt.Errorf("compression.type: %q is not one of none, gzip, snappy, lz4, zstd", c.Type)

@@ -153,7 +153,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 
 	w := a.stdout
 	fmt.Fprintf(w, "ferry demo: in-process Kafka (kfake, 1 broker, message.max.bytes=%d) at %s\n", demoMaxMessageBytes, strings.Join(s.brokers, ","))
-	fmt.Fprintf(w, "  topic %s (%d partitions), compression %s, payload store %s\n", demoTopic, demoPartitions, s.cfg.Codec.Type, s.cfg.StoreURL)
+	fmt.Fprintf(w, "  topic %s (%d partitions), compression %s, payload store %s\n", demoTopic, demoPartitions, cmp.Or(s.cfg.Codec.Type, "none"), s.cfg.StoreURL)
 	fmt.Fprintf(w, "  inline limit: threshold %d bytes (max.message.bytes %d, client batch cap %d)\n\n", l.Threshold, l.MaxMessageBytes, l.ClientBatchMaxBytes)
 
 	// Produce.
