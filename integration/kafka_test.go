@@ -427,3 +427,29 @@ func TestStoreFailureProducesNothing(t *testing.T) {
 		t.Fatalf("end offset %d: a record was appended although the payload was not stored", o.Offset)
 	}
 }
+
+// Found by review: records that each fit, batched together by a client
+// whose ProducerBatchMaxBytes exceeds max.message.bytes, must not be
+// rejected; and a topic whose compression.type makes the broker re-encode
+// must not see an inline record grow past its limit.
+func TestNoMessageTooLargeFromBatchingOrBrokerRecompression(t *testing.T) {
+	e := setup(t, 0, kgo.ProducerBatchMaxBytes(8<<20), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	topic := newTopic(t, nil)
+	a, b := &kgo.Record{Topic: topic, Value: randomBytes(21, 600_000)}, &kgo.Record{Topic: topic, Value: randomBytes(22, 600_000)}
+	produceOK(t, e, a, b)
+	if largemessage.IsOffloaded(a) || largemessage.IsOffloaded(b) {
+		t.Fatal("600 kB records were offloaded under a 1 MiB limit")
+	}
+	for _, codec := range []string{"gzip", "lz4", "zstd", "snappy", "uncompressed"} {
+		c := codec
+		topic := newTopic(t, map[string]*string{"compression.type": &c})
+		l := e.prod.Limits(ctxT(t, 30*time.Second), topic)
+		n := int(l.Threshold) - 8
+		orig := randomBytes(23, n)
+		produceOK(t, e, &kgo.Record{Topic: topic, Value: bytes.Clone(orig)}) // fails on MESSAGE_TOO_LARGE
+		got := consumeRaw(t, topic, 1)[0]
+		if err := largemessage.NewDeserializer(e.store, false).Resolve(ctxT(t, time.Minute), got); err != nil || !bytes.Equal(got.Value, orig) {
+			t.Fatalf("%s topic: resolve %v, equal %v", codec, err, bytes.Equal(got.Value, orig))
+		}
+	}
+}

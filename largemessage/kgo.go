@@ -99,35 +99,45 @@ func (p *Producer) Limits(ctx context.Context, topic string) Limits {
 	if ok && time.Since(c.at) < limitsTTL {
 		return c.l
 	}
-	l := DeriveLimits(p.threshold, maxMessageBytes(ctx, p.cl, topic), clientBatchMax(p.cl, topic))
+	maxBytes, topicCodec := topicLimits(ctx, p.cl, topic)
+	l := DeriveLimits(p.threshold, maxBytes, clientBatchMax(p.cl, topic))
+	l.TopicCompression = topicCodec
 	p.mu.Lock()
 	p.limits[topic] = cachedLimits{l: l, at: time.Now()}
 	p.mu.Unlock()
 	return l
 }
 
-// maxMessageBytes reads the topic's max.message.bytes, or the broker's
-// message.max.bytes, or falls back to Kafka's default with a warning.
-func maxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) int64 {
+// topicLimits reads the topic's max.message.bytes (or the broker's
+// message.max.bytes, or Kafka's default with a warning) and its
+// compression.type.
+func topicLimits(ctx context.Context, cl *kgo.Client, topic string) (maxBytes int64, compression string) {
 	adm := kadm.NewClient(cl)
-	parse := func(rcs kadm.ResourceConfigs, key string) (int64, bool) {
+	value := func(rcs kadm.ResourceConfigs, key string) (string, bool) {
 		for _, rc := range rcs {
 			if rc.Err != nil {
 				continue
 			}
 			for _, c := range rc.Configs {
 				if c.Key == key && c.Value != nil {
-					if n, err := strconv.ParseInt(*c.Value, 10, 64); err == nil {
-						return n, true
-					}
+					return *c.Value, true
 				}
 			}
 		}
-		return 0, false
+		return "", false
+	}
+	parse := func(rcs kadm.ResourceConfigs, key string) (int64, bool) {
+		v, ok := value(rcs, key)
+		if !ok {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
 	}
 	if rcs, err := adm.DescribeTopicConfigs(ctx, topic); err == nil {
+		compression, _ = value(rcs, "compression.type")
 		if n, ok := parse(rcs, "max.message.bytes"); ok {
-			return n
+			return n, compression
 		}
 	}
 	// With no broker ids, DescribeBrokerConfigs returns only dynamic
@@ -139,12 +149,15 @@ func maxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) int64 {
 		}
 	}
 	if rcs, err := adm.DescribeBrokerConfigs(ctx, ids...); len(ids) > 0 && err == nil {
+		if c, ok := value(rcs, "compression.type"); ok && compression == "" {
+			compression = c
+		}
 		if n, ok := parse(rcs, "message.max.bytes"); ok {
-			return n
+			return n, compression
 		}
 	}
 	slog.Warn("could not read max.message.bytes; assuming Kafka's default", "topic", topic, "bytes", DefaultMaxMessageBytes)
-	return DefaultMaxMessageBytes
+	return DefaultMaxMessageBytes, compression
 }
 
 // clientBatchMax is franz-go's uncompressed batch cap for topic.
@@ -177,12 +190,23 @@ func (p *Producer) Prepare(ctx context.Context, rec *kgo.Record) (Offloaded, err
 func (p *Producer) ProduceSync(ctx context.Context, recs ...*kgo.Record) kgo.ProduceResults {
 	results := make(kgo.ProduceResults, 0, len(recs))
 	ready := make([]*kgo.Record, 0, len(recs))
+	var alone []*kgo.Record
 	for _, r := range recs {
-		if _, err := p.Prepare(ctx, r); err != nil {
+		l := p.Limits(ctx, r.Topic)
+		if _, err := p.ser.Offload(ctx, r, l); err != nil {
 			results = append(results, kgo.ProduceResult{Record: r, Err: err})
 			continue
 		}
+		if l.ClientBatchMaxBytes > l.MaxMessageBytes+clientBatchOverhead-BatchOverhead {
+			// The client may fill a batch past max.message.bytes with
+			// several records that each fit: send these one at a time.
+			alone = append(alone, r)
+			continue
+		}
 		ready = append(ready, r)
+	}
+	for _, r := range alone {
+		results = append(results, p.cl.ProduceSync(ctx, r)...)
 	}
 	return append(results, p.cl.ProduceSync(ctx, ready...)...)
 }

@@ -82,6 +82,39 @@ type Limits struct {
 	// ClientBatchMaxBytes is the client's cap on an uncompressed batch
 	// (franz-go ProducerBatchMaxBytes, Java max.request.size); 0 for none.
 	ClientBatchMaxBytes int64
+	// TopicCompression is the topic's compression.type ("producer" or ""
+	// when the broker keeps the producer's batch; "uncompressed", "gzip",
+	// "snappy", "lz4", "zstd" when it re-encodes batches of another codec).
+	TopicCompression string
+}
+
+// brokerRecompresses reports whether the broker re-encodes a batch sent
+// with codec c for a topic of compression.type t.
+func brokerRecompresses(t string, c Codec) bool {
+	switch t {
+	case "", "producer":
+		return false
+	case "uncompressed":
+		return c.Type != "" && c.Type != "none"
+	}
+	return t != c.Type
+}
+
+// recompressedBound is an upper bound of the records section after the
+// broker re-encodes n uncompressed bytes with codec t. Java's encoders
+// differ from Go's, so the exact output cannot be computed here; a bound on
+// the worst case (incompressible input) is safe, where a ratio is not.
+// Worst cases: deflate stored blocks 5 B per 16 KiB + 18 B, zstd 1/256 + 64
+// B, LZ4 frames 4 B per 64 KiB block + 19 B, snappy (xerial) n/6 + 32 B per
+// 32 KiB block + 16 B.
+func recompressedBound(t string, n int64) int64 {
+	switch t {
+	case "uncompressed":
+		return n
+	case "snappy":
+		return n + n/6 + 32*(n/32768+1) + 16
+	}
+	return n + n/128 + 1024
 }
 
 // DeriveLimits returns the limits for a topic: the threshold is explicit
@@ -161,6 +194,9 @@ func (c Codec) Fits(l Limits, key, value []byte, headers []kgo.RecordHeader) (bo
 		if clientBatchOverhead+wire > l.ClientBatchMaxBytes {
 			return false, nil
 		}
+	}
+	if brokerRecompresses(l.TopicCompression, c) {
+		return recompressedBound(l.TopicCompression, u) <= l.Threshold, nil
 	}
 	if u <= l.Threshold {
 		return true, nil

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // FileStoreClass is the payloadStoreClass of references written by FileStore.
@@ -47,12 +49,17 @@ func NewFileStore(dir string, gen IDGenerator) (*FileStore, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, &Error{Op: "open", Path: dir, Err: err}
 	}
-	probe, err := os.CreateTemp(dir, ".ferry-probe-*")
-	if err != nil {
-		return nil, &Error{Op: "open", Path: dir, Err: fmt.Errorf("directory is not writable: %w", err)}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		return nil, &Error{Op: "open", Path: dir, Err: fmt.Errorf("not a directory: %v", err)}
 	}
-	probe.Close()
-	os.Remove(probe.Name())
+	// A consumer may read a store mounted read-only: an unwritable
+	// directory is only a warning here, and Publish fails clearly.
+	if probe, err := os.CreateTemp(dir, ".ferry-probe-*"); err != nil {
+		slog.Warn("file payload store is not writable: publishing will fail", "dir", dir, "err", err)
+	} else {
+		probe.Close()
+		os.Remove(probe.Name())
+	}
 	if gen == nil {
 		gen = IDUUID{}
 	}
@@ -76,7 +83,7 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 		return PayloadResponse{}, err
 	}
 	fail := func(err error) (PayloadResponse, error) {
-		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: !errors.Is(err, fs.ErrPermission), Err: err}
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: retryableFSError(err), Err: err}
 	}
 	dst := filepath.Join(s.dir, filepath.FromSlash(key))
 	dir := filepath.Dir(dst)
@@ -128,8 +135,15 @@ func (s *FileStore) file(fullPath, op string) (string, error) {
 		return "", err
 	}
 	name := filepath.Join(s.dir, filepath.FromSlash(key))
-	if !strings.HasPrefix(name, s.dir+string(filepath.Separator)) && s.dir != "/" {
+	if !inside(s.dir, name) {
 		return "", &Error{Op: op, Path: fullPath, Err: ErrInvalidPath}
+	}
+	// A symbolic link inside the store must not lead a reader outside it.
+	if real, err := filepath.EvalSymlinks(name); err == nil {
+		realDir, derr := filepath.EvalSymlinks(s.dir)
+		if derr != nil || !inside(realDir, real) {
+			return "", &Error{Op: op, Path: fullPath, Err: fmt.Errorf("%w: a symbolic link leads outside the store", ErrInvalidPath)}
+		}
 	}
 	return name, nil
 }
@@ -144,7 +158,7 @@ func (s *FileStore) Download(ctx context.Context, fullPath string) (io.ReadClose
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, &Error{Op: "download", Path: fullPath, Err: fmt.Errorf("%w: %v", ErrPayloadNotFound, err)}
 		}
-		return nil, &Error{Op: "download", Path: fullPath, Retryable: !errors.Is(err, fs.ErrPermission), Err: err}
+		return nil, &Error{Op: "download", Path: fullPath, Retryable: retryableFSError(err), Err: err}
 	}
 	if st, err := f.Stat(); err == nil && st.IsDir() {
 		f.Close()
@@ -175,4 +189,16 @@ func (c *ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// inside reports whether name lies below dir.
+func inside(dir, name string) bool {
+	return dir == "/" || strings.HasPrefix(name, dir+string(filepath.Separator))
+}
+
+// retryableFSError: local file-system errors that another attempt cannot
+// fix (permissions, read-only, a file where a folder should be) are fatal.
+func retryableFSError(err error) bool {
+	return !errors.Is(err, fs.ErrPermission) && !errors.Is(err, syscall.ENOTDIR) &&
+		!errors.Is(err, syscall.EROFS) && !errors.Is(err, syscall.EISDIR)
 }
