@@ -73,22 +73,33 @@ func NewDeserializer(store payloadstore.PayloadStore, skipNotFound bool) *Deseri
 // A record without the headers is left exactly as it is.
 //
 // Errors are *RecordError. With skipNotFound, a missing payload sets the
-// side to nil and returns a *RecordError with Skipped set; any other error
-// leaves rec unchanged.
+// side to nil (the other side still resolves) and returns a *RecordError
+// with Skipped set; any other error leaves rec unchanged.
 func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
-	for _, sd := range [...]side{keySide, valueSide} {
+	// Both sides are read before rec changes, so that an error leaves rec
+	// as it was and a skipped side does not stop the other from resolving.
+	sides := [...]side{keySide, valueSide}
+	var (
+		payloads [len(sides)][]byte
+		done     [len(sides)]bool
+		skipped  error
+	)
+	for i, sd := range sides {
 		if !marked(rec.Headers, sd.marker) {
 			continue
 		}
-		field := &rec.Value
+		refBytes := rec.Value
 		if sd.name == "key" {
-			field = &rec.Key
+			refBytes = rec.Key
 		}
 		var buf bytes.Buffer
-		rc, size, err := d.open(ctx, rec, sd, *field)
+		rc, size, err := d.open(ctx, rec, sd, refBytes)
 		if err == nil {
 			if size > 0 {
-				buf.Grow(int(size))
+				// The header is untrusted: bound what it makes us allocate
+				// up front. MinRead spare keeps ReadFrom from regrowing
+				// the full buffer just to see EOF.
+				buf.Grow(int(min(size, maxPrealloc)) + bytes.MinRead)
 			}
 			_, err = io.Copy(&buf, rc)
 			rc.Close()
@@ -100,16 +111,33 @@ func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
 		if err != nil {
 			var re *RecordError
 			if errors.As(err, &re) && re.Skipped {
-				*field = nil
-				rec.Headers = withoutSide(rec.Headers, sd)
+				skipped, done[i] = err, true
+				continue
 			}
 			return err
 		}
-		*field = buf.Bytes()
+		payloads[i], done[i] = buf.Bytes(), true
+		if payloads[i] == nil {
+			payloads[i] = []byte{} // an empty payload, not a null
+		}
+	}
+	for i, sd := range sides {
+		if !done[i] {
+			continue
+		}
+		if sd.name == "key" {
+			rec.Key = payloads[i]
+		} else {
+			rec.Value = payloads[i]
+		}
 		rec.Headers = withoutSide(rec.Headers, sd)
 	}
-	return nil
+	return skipped
 }
+
+// maxPrealloc bounds the buffer Resolve allocates from a size header before
+// any byte has arrived; larger payloads grow the buffer as they stream.
+const maxPrealloc = 64 << 20
 
 // OpenValue returns a reader of rec's value payload and its size in bytes
 // (-1 when a KIP-only producer gave no size header), for values too large to

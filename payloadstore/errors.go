@@ -40,11 +40,11 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	kind := "fatal"
+	s := fmt.Sprintf("payload store %s %q: %v", e.Op, e.Path, e.Err)
 	if e.Retryable {
-		kind = "retryable"
+		s += " (retryable)"
 	}
-	return fmt.Sprintf("payload store %s %q: %v (%s)", e.Op, e.Path, e.Err, kind)
+	return s
 }
 
 func (e *Error) Unwrap() error { return e.Err }

@@ -153,7 +153,7 @@ func parse(list string, de bool) (*Chain, error) {
 		}
 		s, ok := stages[n]
 		if !ok {
-			return nil, fmt.Errorf("%q: unknown stage %q (registered: %s)", list, n, strings.Join(Names(), ", "))
+			return nil, fmt.Errorf("%q: unknown stage %q (registered: %s)", list, n, strings.Join(names(), ", "))
 		}
 		c.stages = append(c.stages, s)
 	}
@@ -162,6 +162,13 @@ func parse(list string, de bool) (*Chain, error) {
 
 // Names lists the registered stages and large-message, sorted.
 func Names() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	return names()
+}
+
+// names is Names for a caller that holds mu.
+func names() []string {
 	out := []string{LargeMessage}
 	for n := range stages {
 		out = append(out, n)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 type produceFlags struct {
@@ -93,7 +96,16 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 	}
 	defer cl.Close()
 	if err := checkTopic(ctx, cl, f.topic); err != nil {
-		return err
+		// As Kafka's console producer with auto.create.topics.enable:
+		// a missing topic is created with the broker's defaults.
+		resp, cerr := kadm.NewClient(cl).CreateTopic(ctx, -1, -1, nil, f.topic)
+		if cerr == nil {
+			cerr = resp.Err
+		}
+		if cerr != nil && !errors.Is(cerr, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("%v, and creating it failed: %w", err, cerr)
+		}
+		fmt.Fprintf(a.stderr, "ferry: created topic %s with the broker's default partitions and replication\n", f.topic)
 	}
 	prod, err := largemessage.NewProducer(cl, store, s.cfg)
 	if err != nil {
