@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -117,7 +118,8 @@ func (s *Serializer) offloadSide(ctx context.Context, rec *kgo.Record, sd side, 
 	if err != nil {
 		return fmt.Errorf("topic %s: %w", rec.Topic, err)
 	}
-	rec.Headers = append(withoutSide(rec.Headers, sd), sideHeaders(sd, p.Size, p.SHA256, resp.CustomMetadata)...)
+	// A copy: the caller may share one header slice between records.
+	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, p.Size, p.SHA256, resp.CustomMetadata)...)
 	if sd.name == "key" {
 		rec.Key = ref
 		did.Key = true

@@ -1,7 +1,6 @@
 package payloadstore
 
 import (
-	"context"
 	"errors"
 	"fmt"
 )
@@ -50,16 +49,11 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // IsRetryable reports whether err is worth retrying: an *Error with
-// Retryable set, or a context deadline of a single attempt. Cancellation of
-// the caller's context is never retryable.
+// Retryable set. Context errors are never retryable.
 func IsRetryable(err error) bool {
 	var se *Error
 	if errors.As(err, &se) {
 		return se.Retryable
 	}
 	return false
-}
-
-func isCtxErr(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

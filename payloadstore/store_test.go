@@ -852,7 +852,7 @@ func TestRetryTimeoutBoundsTotalTime(t *testing.T) {
 
 	start := time.Now()
 	_, err := payloadstore.PublishBytes(context.Background(), s, "t", []byte("x"))
-	if took := time.Since(start); took > 2*time.Second {
+	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("Publish took %v with a 300ms timeout", took)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -864,7 +864,7 @@ func TestRetryTimeoutBoundsTotalTime(t *testing.T) {
 
 	start = time.Now()
 	_, err = s.Download(context.Background(), "stub://x/t/y")
-	if took := time.Since(start); took > 2*time.Second {
+	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("Download took %v with a 300ms timeout", took)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
