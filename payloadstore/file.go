@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/ferrykit/ferry/internal/ctxio"
 )
 
 // FileStoreClass is the payloadStoreClass of references written by FileStore.
@@ -104,7 +106,7 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 			os.Remove(tmp.Name())
 		}
 	}()
-	n, err := io.Copy(tmp, &ctxReader{ctx: ctx, r: io.LimitReader(p.Body, p.Size+1)})
+	n, err := io.Copy(tmp, ctxio.Reader(ctx, io.LimitReader(p.Body, p.Size+1)))
 	if err != nil {
 		return fail(err)
 	}
@@ -176,19 +178,6 @@ func (s *FileStore) Delete(_ context.Context, fullPath string) error {
 		return &Error{Op: "delete", Path: fullPath, Retryable: true, Err: err}
 	}
 	return nil
-}
-
-// ctxReader stops a copy when ctx ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
 
 // inside reports whether name lies below dir.

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/url"
 	"sync"
+
+	"github.com/ferrykit/ferry/internal/ctxio"
 )
 
 // MemStoreClass is the payloadStoreClass of references written by MemStore.
@@ -72,7 +74,7 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 	}
 	var buf bytes.Buffer
 	buf.Grow(int(p.Size))
-	n, err := io.Copy(&buf, &ctxReader{ctx: ctx, r: io.LimitReader(p.Body, p.Size+1)})
+	n, err := io.Copy(&buf, ctxio.Reader(ctx, io.LimitReader(p.Body, p.Size+1)))
 	if err == nil && n != p.Size {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)}
 	}

@@ -83,20 +83,15 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 	if err != nil {
 		return err
 	}
-	store, err := s.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	defer store.Close()
 	start := kgo.NewOffset().AtStart()
 	if !f.fromBeginning {
 		start = kgo.NewOffset().AtEnd()
 	}
-	cl, err := s.connect(ctx, kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start))
+	store, cl, closeAll, err := s.open(ctx, kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start))
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer closeAll()
 	if err := checkTopic(ctx, cl, f.topic); err != nil {
 		return err
 	}

@@ -130,16 +130,11 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	s.brokers = cluster.ListenAddrs()
 	s.cfg.StoreURL = "file://" + filepath.ToSlash(storeDir)
 
-	store, err := s.openStore(ctx)
+	store, cl, closeAll, err := s.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	cl, err := s.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
+	defer closeAll()
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, demoPartitions, 1, nil, demoTopic); err != nil {
 		return fmt.Errorf("creating topic %s: %w", demoTopic, err)
 	}

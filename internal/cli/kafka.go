@@ -168,6 +168,21 @@ func checkTopic(ctx context.Context, cl *kgo.Client, topic string) error {
 	return nil
 }
 
+// open opens the payload store and connects to Kafka (with extra client
+// options); close releases both. It is the set-up every command shares.
+func (s *settings) open(ctx context.Context, extra ...kgo.Opt) (payloadstore.PayloadStore, *kgo.Client, func(), error) {
+	store, err := s.openStore(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cl, err := s.connect(ctx, extra...)
+	if err != nil {
+		store.Close()
+		return nil, nil, nil, err
+	}
+	return store, cl, func() { cl.Close(); store.Close() }, nil
+}
+
 // openStore opens the configured payload store, or returns a stand-in that
 // fails every operation with errNoStore when none is configured (so small
 // records can be produced and inline records consumed without one).

@@ -85,16 +85,11 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 	if err != nil {
 		return err
 	}
-	store, err := s.openStore(ctx)
+	store, cl, closeAll, err := s.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	cl, err := s.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
+	defer closeAll()
 	if err := checkTopic(ctx, cl, f.topic); err != nil {
 		// As Kafka's console producer with auto.create.topics.enable:
 		// a missing topic is created with the broker's defaults.

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferrykit/ferry/largemessage"
@@ -211,7 +212,7 @@ func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, 
 	if s.progress {
 		bar = s.bar(-1, "reading   stdin")
 	}
-	n, err := io.Copy(io.MultiWriter(tmp, bar), io.MultiReader(bytes.NewReader(head), &ctxReader{ctx: ctx, r: r}))
+	n, err := io.Copy(io.MultiWriter(tmp, bar), io.MultiReader(bytes.NewReader(head), ctxio.Reader(ctx, r)))
 	bar.finish()
 	if err != nil {
 		return sent{Name: name}, fmt.Errorf("spooling standard input to %s: %w", tmp.Name(), err)
@@ -228,7 +229,7 @@ func hashWithProgress(ctx context.Context, f *os.File, size int64, bar *progress
 		return payloadstore.Payload{}, err
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(h, bar), &ctxReader{ctx: ctx, r: f})
+	n, err := io.Copy(io.MultiWriter(h, bar), ctxio.Reader(ctx, f))
 	if err != nil {
 		return payloadstore.Payload{}, err
 	}
@@ -268,17 +269,4 @@ func (b *checkedBody) Seek(offset int64, whence int) (int64, error) {
 		b.exact = false
 	}
 	return pos, err
-}
-
-// ctxReader stops a copy when ctx ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
