@@ -11,9 +11,9 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
 )
