@@ -453,3 +453,30 @@ func TestNoMessageTooLargeFromBatchingOrBrokerRecompression(t *testing.T) {
 		}
 	}
 }
+
+// With franz-go's default client (ProducerBatchMaxBytes 1000012, snappy),
+// a record of exactly the derived threshold is accepted by the client and
+// the broker, and one byte more is offloaded: the client-side limit is
+// exact too.
+func TestExactThresholdAtClientCap(t *testing.T) {
+	e := setup(t, 0)
+	topic := newTopic(t, nil)
+	l := e.prod.Limits(ctxT(t, 30*time.Second), topic)
+	if l.Threshold != 1000012-65 {
+		t.Fatalf("threshold %d, want franz-go's cap 1000012 less 65", l.Threshold)
+	}
+	key := []byte("k")
+	n := int(l.Threshold) - 20
+	for largemessage.RecordLen(key, make([]byte, n), nil) < l.Threshold {
+		n++
+	}
+	atCap := &kgo.Record{Topic: topic, Key: key, Value: randomBytes(31, n)}
+	over := &kgo.Record{Topic: topic, Key: key, Value: randomBytes(32, n+1)}
+	produceOK(t, e, atCap, over)
+	if largemessage.IsOffloaded(atCap) || !largemessage.IsOffloaded(over) {
+		t.Fatalf("offloaded: at cap %v, one over %v; want false, true", largemessage.IsOffloaded(atCap), largemessage.IsOffloaded(over))
+	}
+	if got := consumeRaw(t, topic, 1)[0]; len(got.Value) != n {
+		t.Fatalf("kafka holds %d bytes, want the %d-byte record inline", len(got.Value), n)
+	}
+}

@@ -24,7 +24,6 @@ import (
 const (
 	BatchOverhead          = 61
 	clientBatchOverhead    = BatchOverhead + 4
-	legacyRecordOverhead   = 34      // a magic v1 message: franz-go sizes new batches by the larger of v1 and v2
 	DefaultMaxMessageBytes = 1048588 // Kafka's message.max.bytes default
 )
 
@@ -190,8 +189,9 @@ func (w *countWriter) Write(p []byte) (int, error) {
 func (c Codec) Fits(l Limits, key, value []byte, headers []kgo.RecordHeader) (bool, error) {
 	u := RecordLen(key, value, headers)
 	if l.ClientBatchMaxBytes > 0 {
-		wire := max(u, legacyRecordOverhead+int64(len(key))+int64(len(value)))
-		if clientBatchOverhead+wire > l.ClientBatchMaxBytes {
+		// franz-go sizes the first record of a new batch as 65 + its v2
+		// length, whatever the produce version (sink.go tryBuffer).
+		if clientBatchOverhead+u > l.ClientBatchMaxBytes {
 			return false, nil
 		}
 	}
