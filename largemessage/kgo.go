@@ -188,27 +188,34 @@ func (p *Producer) Prepare(ctx context.Context, rec *kgo.Record) (Offloaded, err
 // acknowledgements. A record that cannot be prepared is not produced, and
 // its error comes back in the result; the others are produced.
 func (p *Producer) ProduceSync(ctx context.Context, recs ...*kgo.Record) kgo.ProduceResults {
-	results := make(kgo.ProduceResults, 0, len(recs))
-	ready := make([]*kgo.Record, 0, len(recs))
-	var alone []*kgo.Record
-	for _, r := range recs {
+	// results[i] is recs[i]'s, as with kgo.Client.ProduceSync.
+	results := make(kgo.ProduceResults, len(recs))
+	var ready []int
+	for i, r := range recs {
+		results[i].Record = r
 		l := p.Limits(ctx, r.Topic)
 		if _, err := p.ser.Offload(ctx, r, l); err != nil {
-			results = append(results, kgo.ProduceResult{Record: r, Err: err})
+			results[i].Err = err
 			continue
 		}
 		if l.ClientBatchMaxBytes > l.MaxMessageBytes+clientBatchOverhead-BatchOverhead {
 			// The client may fill a batch past max.message.bytes with
 			// several records that each fit: send these one at a time.
-			alone = append(alone, r)
+			// (The limits are per topic, so a topic's records keep
+			// their order.)
+			results[i] = p.cl.ProduceSync(ctx, r)[0]
 			continue
 		}
-		ready = append(ready, r)
+		ready = append(ready, i)
 	}
-	for _, r := range alone {
-		results = append(results, p.cl.ProduceSync(ctx, r)...)
+	batch := make([]*kgo.Record, len(ready))
+	for j, i := range ready {
+		batch[j] = recs[i]
 	}
-	return append(results, p.cl.ProduceSync(ctx, ready...)...)
+	for j, res := range p.cl.ProduceSync(ctx, batch...) {
+		results[ready[j]] = res
+	}
+	return results
 }
 
 // ProduceValue serializes key and value with the key.serializers and
