@@ -105,7 +105,8 @@ func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
 			rc.Close()
 			var re *RecordError
 			if err != nil && !errors.As(err, &re) {
-				err = d.recordErr(rec, sd, "", &payloadstore.Error{Op: "download", Retryable: true, Err: err})
+				ref, _ := DecodeReference(refBytes) // decoded fine in open
+				err = d.recordErr(rec, sd, ref.FullPayloadPath, &payloadstore.Error{Op: "download", Path: ref.FullPayloadPath, Retryable: true, Err: err})
 			}
 		}
 		if err != nil {

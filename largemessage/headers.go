@@ -105,11 +105,11 @@ func expected(hs []kgo.RecordHeader, s side) (size int64, sha []byte, ok bool, e
 		return 0, nil, false, fmt.Errorf("%w: only one of %s and %s is present", ErrCorruptReference, s.size, s.sha)
 	}
 	size, err = strconv.ParseInt(string(sv), 10, 64)
-	if err != nil || size < 0 {
+	if err != nil || size < 0 || len(sv) == 0 || sv[0] < '0' || sv[0] > '9' {
 		return 0, nil, false, fmt.Errorf("%w: header %s=%q is not a size", ErrCorruptReference, s.size, sv)
 	}
 	sha, err = hex.DecodeString(string(dv))
-	if err != nil || len(sha) != 32 {
+	if err != nil || len(sha) != 32 || hex.EncodeToString(sha) != string(dv) { // lowercase only, as docs/FORMAT.md says
 		return 0, nil, false, fmt.Errorf("%w: header %s=%q is not a SHA-256", ErrCorruptReference, s.sha, dv)
 	}
 	return size, sha, true, nil

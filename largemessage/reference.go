@@ -39,7 +39,8 @@ type PayloadReferenceValue struct {
 var ErrCorruptReference = errors.New("corrupt PayloadReferenceValue")
 
 // AppendTo appends the version-0 encoding of r to dst. It fails when a field
-// is longer than a Kafka STRING allows (32767 bytes) or is not UTF-8.
+// is longer than a Kafka STRING allows (32767 bytes) or is not UTF-8, or when
+// fullPayloadPath is empty (DecodeReference refuses that too).
 func (r PayloadReferenceValue) AppendTo(dst []byte) ([]byte, error) {
 	for _, f := range [...]struct{ name, v string }{{"fullPayloadPath", r.FullPayloadPath}, {"payloadStoreClass", r.PayloadStoreClass}} {
 		if len(f.v) > math.MaxInt16 {
@@ -48,6 +49,9 @@ func (r PayloadReferenceValue) AppendTo(dst []byte) ([]byte, error) {
 		if !utf8.ValidString(f.v) {
 			return nil, fmt.Errorf("PayloadReferenceValue.%s is not UTF-8", f.name)
 		}
+	}
+	if r.FullPayloadPath == "" {
+		return nil, errors.New("PayloadReferenceValue.fullPayloadPath is empty")
 	}
 	dst = kbin.AppendInt16(dst, ReferenceVersion)
 	dst = kbin.AppendString(dst, r.FullPayloadPath)
