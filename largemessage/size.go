@@ -28,7 +28,7 @@ const (
 )
 
 // Codec is the producer's compression.type with its level (KIP-390's
-// compression.<codec>.level), measured with the same libraries and settings
+// compression.<codec>.level, held as the Go library's level number), measured with the same libraries and settings
 // franz-go uses, so that a measured size is the size franz-go sends.
 type Codec struct {
 	Type  string // "none", "gzip", "snappy", "lz4" or "zstd"; "" = unset (NewProducer takes the client's; elsewhere none)
@@ -49,7 +49,24 @@ func ParseCodec(props map[string]string) (Codec, error) {
 		if err != nil {
 			return c, fmt.Errorf("compression.%s.level: %q is not an integer", c.Type, v)
 		}
-		c.Level = n
+		// Kafka's level numbers (KIP-390), turned into the Go libraries'
+		// levels so that franz-go compresses as a Java producer set the
+		// same way would: gzip 1..9 as is; lz4 1..17 to pierrec Level1..9
+		// (above 9, Level9: both are its high-compression mode); zstd
+		// -131072..22 to klauspost's four speeds (EncoderLevelFromZstd).
+		switch {
+		case c.Type == "gzip" && (n >= 1 && n <= 9 || n == -1):
+			c.Level = n
+			if n == -1 {
+				c.Level = 0 // the library's default, 6
+			}
+		case c.Type == "lz4" && n >= 1 && n <= 17:
+			c.Level = int(lz4.Level1) << (min(n, 9) - 1)
+		case c.Type == "zstd" && n >= -131072 && n <= 22:
+			c.Level = int(zstd.EncoderLevelFromZstd(n))
+		default:
+			return c, fmt.Errorf("compression.%s.level: %d is out of Kafka's range (gzip 1..9 or -1, lz4 1..17, zstd -131072..22)", c.Type, n)
+		}
 	}
 	return c, nil
 }

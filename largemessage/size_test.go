@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/pierrec/lz4/v4"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -422,11 +423,35 @@ func TestParseCodec(t *testing.T) {
 		{map[string]string{"compression.type": "snappy", "compression.snappy.level": "3"}, Codec{Type: "snappy"}, false},
 		{map[string]string{"compression.type": "lz4", "compression.lz4.level": "x"}, Codec{}, true},
 		{map[string]string{"compression.type": "brotli"}, Codec{}, true},
+		// Kafka's level numbers map to the Go libraries' levels.
+		{map[string]string{"compression.type": "gzip", "compression.gzip.level": "-1"}, Codec{Type: "gzip"}, false},
+		{map[string]string{"compression.type": "gzip", "compression.gzip.level": "99"}, Codec{}, true},
+		{map[string]string{"compression.type": "zstd", "compression.zstd.level": "3"}, Codec{Type: "zstd", Level: int(zstd.SpeedDefault)}, false},
+		{map[string]string{"compression.type": "zstd", "compression.zstd.level": "1"}, Codec{Type: "zstd", Level: int(zstd.SpeedFastest)}, false},
+		{map[string]string{"compression.type": "zstd", "compression.zstd.level": "19"}, Codec{Type: "zstd", Level: int(zstd.SpeedBestCompression)}, false},
+		{map[string]string{"compression.type": "zstd", "compression.zstd.level": "23"}, Codec{}, true},
+		{map[string]string{"compression.type": "lz4", "compression.lz4.level": "1"}, Codec{Type: "lz4", Level: int(lz4.Level1)}, false},
+		{map[string]string{"compression.type": "lz4", "compression.lz4.level": "9"}, Codec{Type: "lz4", Level: int(lz4.Level9)}, false},
+		{map[string]string{"compression.type": "lz4", "compression.lz4.level": "17"}, Codec{Type: "lz4", Level: int(lz4.Level9)}, false},
+		{map[string]string{"compression.type": "lz4", "compression.lz4.level": "0"}, Codec{}, true},
 	}
+	src := bytes.Repeat([]byte("level check 0123456789 abcdefghij "), 3000)
 	for _, c := range cases {
 		got, err := ParseCodec(c.props)
 		if (err != nil) != c.err || (!c.err && got != c.want) {
 			t.Errorf("ParseCodec(%v) = %+v, %v; want %+v, err %v", c.props, got, err, c.want, c.err)
+		}
+		if err != nil {
+			continue
+		}
+		// Whatever the level, Ferry's measure is franz-go's output.
+		comp, cerr := kgo.DefaultCompressor(got.KgoCodec())
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		n, _ := got.CompressedLen(src, 0)
+		if out, _ := comp.Compress(new(bytes.Buffer), src); int64(len(out)) != n {
+			t.Errorf("%+v: measured %d bytes, franz-go sends %d", got, n, len(out))
 		}
 	}
 }
