@@ -161,10 +161,20 @@ func (c Config) Validate() error {
 // OpenStore opens c.StoreURL with c's id generator and wraps it with c's
 // retry and custom-metadata policy.
 func (c Config) OpenStore(ctx context.Context) (payloadstore.PayloadStore, error) {
+	return c.openStore(ctx, false)
+}
+
+// OpenStoreForReading is OpenStore for a consumer: the store must exist
+// already (payloadstore.Options.ReadOnly).
+func (c Config) OpenStoreForReading(ctx context.Context) (payloadstore.PayloadStore, error) {
+	return c.openStore(ctx, true)
+}
+
+func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.PayloadStore, error) {
 	if c.StoreURL == "" {
 		return nil, fmt.Errorf("%s is not set: name a payload store, e.g. file:///var/ferry", KeyStoreURL)
 	}
-	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator})
+	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly})
 	if err != nil {
 		return nil, err
 	}

@@ -38,6 +38,13 @@ func openFile(_ context.Context, u *url.URL, opts Options) (PayloadStore, error)
 	if u.Host != "" && u.Host != "localhost" {
 		return nil, &Error{Op: "open", Path: u.Redacted(), Err: fmt.Errorf("file store URL must be file:///ABSOLUTE/DIR, got host %q", u.Host)}
 	}
+	if opts.ReadOnly {
+		if st, err := os.Stat(u.Path); err != nil {
+			return nil, &Error{Op: "open", Path: u.Path, Err: err}
+		} else if !st.IsDir() {
+			return nil, &Error{Op: "open", Path: u.Path, Err: errors.New("not a directory")}
+		}
+	}
 	return NewFileStore(u.Path, opts.IDGenerator)
 }
 

@@ -41,3 +41,20 @@ func TestPublishRefusesChangedPayload(t *testing.T) {
 		t.Fatalf("download: %q %v", got, err)
 	}
 }
+
+// A consumer's store (ReadOnly) must exist: a mistyped URL fails and
+// creates nothing; an existing directory opens.
+func TestReadOnlyOpenDoesNotCreate(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "typo")
+	if _, err := payloadstore.Open(context.Background(), "file://"+missing, payloadstore.Options{ReadOnly: true}); err == nil {
+		t.Fatal("opened a store directory that does not exist")
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Fatalf("the read-only open created %s", missing)
+	}
+	s, err := payloadstore.Open(context.Background(), "file://"+filepath.Dir(missing), payloadstore.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+}

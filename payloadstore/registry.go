@@ -12,6 +12,10 @@ import (
 type Options struct {
 	// IDGenerator names objects whose Payload.ID is empty; nil means IDUUID.
 	IDGenerator IDGenerator
+	// ReadOnly: the caller only downloads (a consumer). The store must
+	// already exist; it is neither created nor checked for writing, so a
+	// mistyped URL fails instead of making an empty store.
+	ReadOnly bool
 }
 
 // Opener opens a store for a parsed URL. It should check that the store is

@@ -87,6 +87,7 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 	if !f.fromBeginning {
 		start = kgo.NewOffset().AtEnd()
 	}
+	s.readOnly = true
 	store, cl, closeAll, err := s.open(ctx, kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start))
 	if err != nil {
 		return err

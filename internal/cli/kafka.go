@@ -37,6 +37,8 @@ type settings struct {
 	props   map[string]string
 	brokers []string
 	cfg     largemessage.Config
+	// readOnly: the command only consumes; the store must exist.
+	readOnly bool
 }
 
 // loadSettings loads --config/-X, applies --brokers and --store over
@@ -190,7 +192,11 @@ func (s *settings) openStore(ctx context.Context) (payloadstore.PayloadStore, er
 	if s.cfg.StoreURL == "" {
 		return noStore{}, nil
 	}
-	st, err := s.cfg.OpenStore(ctx)
+	open := s.cfg.OpenStore
+	if s.readOnly {
+		open = s.cfg.OpenStoreForReading
+	}
+	st, err := open(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cannot open payload store %s: %w", redactURL(s.cfg.StoreURL), err)
 	}
