@@ -43,7 +43,9 @@ type RecordError struct {
 
 func (e *RecordError) Error() string {
 	s := fmt.Sprintf("topic %s partition %d offset %d: %s", e.Topic, e.Partition, e.Offset, e.Side)
-	if e.Path != "" {
+	// The store's own error names the path already; say it once.
+	var se *payloadstore.Error
+	if e.Path != "" && !(errors.As(e.Err, &se) && se.Path == e.Path) {
 		s += fmt.Sprintf(" reference %q", e.Path)
 	}
 	s += ": " + e.Err.Error()

@@ -165,7 +165,7 @@ func (s *FileStore) Download(ctx context.Context, fullPath string) (io.ReadClose
 	f, err := os.Open(name)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, &Error{Op: "download", Path: fullPath, Err: fmt.Errorf("%w: %v", ErrPayloadNotFound, err)}
+			return nil, &Error{Op: "download", Path: fullPath, Err: ErrPayloadNotFound}
 		}
 		return nil, &Error{Op: "download", Path: fullPath, Retryable: retryableFSError(err), Err: err}
 	}

@@ -264,7 +264,7 @@ func TestConsumeMissingPayload(t *testing.T) {
 	if r.code != 1 {
 		t.Fatalf("exit %d, want 1", r.code)
 	}
-	oneErrorLine(t, r, "topic t partition 0 offset 0: value reference")
+	oneErrorLine(t, r, "topic t partition 0 offset 0: value: payload store download")
 	if !strings.Contains(r.stderr, "payload not found") {
 		t.Errorf("stderr %q does not say the payload is missing", r.stderr)
 	}
