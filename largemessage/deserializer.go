@@ -78,12 +78,21 @@ func NewDeserializer(store payloadstore.PayloadStore, skipNotFound bool) *Deseri
 // side to nil (the other side still resolves) and returns a *RecordError
 // with Skipped set; any other error leaves rec unchanged.
 func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
-	// Both sides are read before rec changes, so that an error leaves rec
+	return d.resolve(ctx, rec, keySide, valueSide)
+}
+
+// ResolveKey is Resolve for the key alone: the value stays as fetched, for
+// a consumer that streams it with OpenValue.
+func (d *Deserializer) ResolveKey(ctx context.Context, rec *kgo.Record) error {
+	return d.resolve(ctx, rec, keySide)
+}
+
+func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, sides ...side) error {
+	// All sides are read before rec changes, so that an error leaves rec
 	// as it was and a skipped side does not stop the other from resolving.
-	sides := [...]side{keySide, valueSide}
 	var (
-		payloads [len(sides)][]byte
-		done     [len(sides)]bool
+		payloads [2][]byte
+		done     [2]bool
 		skipped  error
 	)
 	for i, sd := range sides {

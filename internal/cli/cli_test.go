@@ -175,7 +175,7 @@ func TestProduceConsumeRoundTrip(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(out, "t-0-3")); string(b) != "hello" {
 		t.Errorf("small stdin: %q", b)
 	}
-	if !strings.Contains(r.stdout, "t/0@0 5242880 bytes offloaded -> "+filepath.Join(out, "t-0-0")) {
+	if !strings.Contains(r.stdout, "t/0@0 5242880 bytes offloaded key=\"big.bin\" -> "+filepath.Join(out, "t-0-0")) {
 		t.Errorf("consume output %q", r.stdout)
 	}
 

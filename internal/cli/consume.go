@@ -39,7 +39,7 @@ the file appears only once it checked out) or to standard output, values
 back to back (there a value streams out as it is read, so a digest mismatch
 is reported after its bytes were written). With --out, one line per record
 goes to standard output:
-  TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded -> FILE
+  TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded key="KEY" -> FILE
 
 ferry stops after -n N records, or once no record has arrived for
 --timeout (default 10s; 0 waits for ever, until Ctrl-C).
@@ -160,7 +160,13 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 
 // one resolves r's value as it streams and writes it out.
 func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
-	rc, _, err := c.de.OpenValue(ctx, r)
+	// An offloaded key is resolved in memory (keys are small next to the
+	// values this streams); it is shown in the record's line.
+	err := c.de.ResolveKey(ctx, r)
+	var rc io.ReadCloser
+	if err == nil {
+		rc, _, err = c.de.OpenValue(ctx, r)
+	}
 	if err != nil {
 		var re *largemessage.RecordError
 		if errors.As(err, &re) && re.Skipped {
@@ -197,7 +203,11 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	if offloaded {
 		how = "offloaded"
 	}
-	fmt.Fprintf(c.stdout, "%s/%d@%d %d bytes %s -> %s\n", r.Topic, r.Partition, r.Offset, n, how, name)
+	key := r.Key
+	if len(key) > 64 {
+		key = append(key[:64:64], "..."...)
+	}
+	fmt.Fprintf(c.stdout, "%s/%d@%d %d bytes %s key=%q -> %s\n", r.Topic, r.Partition, r.Offset, n, how, key, name)
 	return nil
 }
 
