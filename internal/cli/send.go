@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"log/slog"
 	"os"
@@ -154,22 +153,18 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 		return out, fmt.Errorf("%s: changed while it was read (%d bytes, then %d)", name, size, p.Size)
 	}
 	out.Size, out.SHA256 = p.Size, p.SHA256
-	body := &checkedBody{rs: f, h: sha256.New(), exact: true}
 	if s.progress {
-		body.bar = s.bar(size, "uploading "+name)
+		body := &progressBody{rs: f, bar: s.bar(size, "uploading "+name)}
+		defer body.bar.finish()
+		p.Body = body
 	}
-	p.Body = body
 	rec := &kgo.Record{Topic: topic, Key: key}
-	_, err = s.prod.Serializer().OffloadValue(ctx, rec, p)
-	body.bar.finish()
-	if err != nil {
+	// A file changed since it was hashed fails here with
+	// payloadstore.ErrPayloadChanged, its object deleted.
+	if _, err = s.prod.Serializer().OffloadValue(ctx, rec, p); err != nil {
 		return out, fmt.Errorf("%s: %w", name, err)
 	}
 	path := referencePath(rec)
-	if body.exact && !bytes.Equal(body.h.Sum(nil), p.SHA256[:]) {
-		s.discard(ctx, path)
-		return out, fmt.Errorf("%s: changed while it was uploaded (SHA-256 differs from the one hashed first); nothing was produced", name)
-	}
 	r, err := s.prod.Client().ProduceSync(ctx, rec).First()
 	if err != nil {
 		s.discard(ctx, path)
@@ -241,32 +236,25 @@ func hashWithProgress(ctx context.Context, f *os.File, size int64, bar *progress
 	return p, nil
 }
 
-// checkedBody is a payload body that hashes what the store reads, so a file
-// changed between hashing and upload is caught before its reference is
-// produced, and that advances a progress bar. A seek back to the start (a
-// retry) starts over; any other seek makes the check moot (exact=false).
-type checkedBody struct {
-	rs    io.ReadSeeker
-	h     hash.Hash
-	bar   *progress
-	exact bool
+// progressBody advances a progress bar as the store reads a payload body; a
+// seek back to the start (a retry) starts the bar over. (That the bytes read
+// match the payload's SHA-256 is the store policy's check:
+// payloadstore.ErrPayloadChanged.)
+type progressBody struct {
+	rs  io.ReadSeeker
+	bar *progress
 }
 
-func (b *checkedBody) Read(p []byte) (int, error) {
+func (b *progressBody) Read(p []byte) (int, error) {
 	n, err := b.rs.Read(p)
-	b.h.Write(p[:n])
 	b.bar.add(n)
 	return n, err
 }
 
-func (b *checkedBody) Seek(offset int64, whence int) (int64, error) {
+func (b *progressBody) Seek(offset int64, whence int) (int64, error) {
 	pos, err := b.rs.Seek(offset, whence)
 	if err == nil && pos == 0 {
-		b.h.Reset()
-		b.exact = true
 		b.bar.set(0)
-	} else {
-		b.exact = false
 	}
 	return pos, err
 }
