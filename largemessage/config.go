@@ -23,6 +23,8 @@ const (
 	KeyRetryMaxBackoff     = "large.message.payload.store.retry.max.backoff.ms"
 	KeyCustomMetadataMax   = "large.message.payload.store.custom.metadata.max.bytes"
 	KeySkipNotFound        = "large.message.skip.not.found.error"
+	KeyPartSize            = "large.message.payload.store.part.size.bytes"
+	KeyUploadConcurrency   = "large.message.payload.store.upload.concurrency"
 	KeyMaxBlock            = "max.block.ms"
 	KeyMaxPollInterval     = "max.poll.interval.ms"
 	KeyCompressionType     = "compression.type"
@@ -43,6 +45,11 @@ type Config struct {
 	IDGenerator payloadstore.IDGenerator
 	// Policy is the store's retry and custom-metadata policy.
 	Policy payloadstore.Policy
+	// PartSizeBytes (large.message.payload.store.part.size.bytes, default
+	// 8 MiB, at least 5 MiB) and UploadConcurrency
+	// (large.message.payload.store.upload.concurrency, default 4) shape the
+	// multipart uploads of the cloud stores; 0 means the default.
+	PartSizeBytes, UploadConcurrency int
 	// SkipNotFound is large.message.skip.not.found.error: a record whose
 	// payload is missing is returned with a nil value and its error recorded
 	// instead of failing the fetch.
@@ -106,6 +113,10 @@ func ParseConfig(props map[string]string) (Config, error) {
 	intKey(KeyRetryCount, &retries)
 	intKey(KeyCustomMetadataMax, &metaMax)
 	c.Policy.RetryCount, c.Policy.CustomMetadataMaxBytes = int(retries), int(metaMax)
+	partSize, conc := int64(0), int64(0)
+	intKey(KeyPartSize, &partSize)
+	intKey(KeyUploadConcurrency, &conc)
+	c.PartSizeBytes, c.UploadConcurrency = int(partSize), int(conc)
 	if err != nil {
 		return c, err
 	}
@@ -174,7 +185,8 @@ func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.Payl
 	if c.StoreURL == "" {
 		return nil, fmt.Errorf("%s is not set: name a payload store, e.g. file:///var/ferry", KeyStoreURL)
 	}
-	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly})
+	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly,
+		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency})
 	if err != nil {
 		return nil, err
 	}

@@ -198,3 +198,48 @@ func retryableFSError(err error) bool {
 	return !errors.Is(err, fs.ErrPermission) && !errors.Is(err, syscall.ENOTDIR) &&
 		!errors.Is(err, syscall.EROFS) && !errors.Is(err, syscall.EISDIR)
 }
+
+// List implements Lister: it walks DIR/<topic>, skipping temp files of
+// uploads in progress (".tmp-*") and anything that is not a regular file.
+func (s *FileStore) List(ctx context.Context, topic string, fn func(ObjectInfo) error) error {
+	prefix, err := TopicPrefix(topic)
+	if err != nil {
+		return err
+	}
+	top := filepath.Join(s.dir, topic)
+	var fnErr error
+	err = filepath.WalkDir(top, func(name string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && name == top {
+				return nil
+			}
+			return err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr
+		}
+		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // deleted meanwhile
+			}
+			return err
+		}
+		rel, err := filepath.Rel(top, name)
+		if err != nil {
+			return err
+		}
+		fnErr = fn(ObjectInfo{FullPath: s.root.Path(prefix + filepath.ToSlash(rel)), Size: info.Size(), ModTime: info.ModTime()})
+		return fnErr
+	})
+	if err != nil {
+		if err == fnErr || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return &Error{Op: "list", Path: s.root.Path(prefix), Retryable: retryableFSError(err), Err: err}
+	}
+	return nil
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/ferrykit/ferry/internal/ctxio"
 )
@@ -27,7 +29,7 @@ type MemStore struct {
 
 type memBucket struct {
 	mu      sync.RWMutex
-	objects map[string][]byte
+	objects map[string]memObject
 }
 
 var (
@@ -47,7 +49,7 @@ func NewMemStore(name string, gen IDGenerator) *MemStore {
 	memMu.Lock()
 	b := memBuckets[name]
 	if b == nil {
-		b = &memBucket{objects: map[string][]byte{}}
+		b = &memBucket{objects: map[string]memObject{}}
 		memBuckets[name] = b
 	}
 	memMu.Unlock()
@@ -82,7 +84,7 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: true, Err: err}
 	}
 	s.b.mu.Lock()
-	s.b.objects[key] = buf.Bytes()
+	s.b.objects[key] = memObject{data: buf.Bytes(), mod: time.Now()}
 	s.b.mu.Unlock()
 	return PayloadResponse{FullPayloadPath: s.root.Path(key)}, nil
 }
@@ -93,12 +95,12 @@ func (s *MemStore) Download(_ context.Context, fullPath string) (io.ReadCloser, 
 		return nil, err
 	}
 	s.b.mu.RLock()
-	b, ok := s.b.objects[key]
+	o, ok := s.b.objects[key]
 	s.b.mu.RUnlock()
 	if !ok {
 		return nil, &Error{Op: "download", Path: fullPath, Err: ErrPayloadNotFound}
 	}
-	return io.NopCloser(bytes.NewReader(b)), nil
+	return io.NopCloser(bytes.NewReader(o.data)), nil
 }
 
 func (s *MemStore) Delete(_ context.Context, fullPath string) error {
@@ -110,5 +112,35 @@ func (s *MemStore) Delete(_ context.Context, fullPath string) error {
 	s.b.mu.Lock()
 	delete(s.b.objects, key)
 	s.b.mu.Unlock()
+	return nil
+}
+
+type memObject struct {
+	data []byte
+	mod  time.Time
+}
+
+// List implements Lister.
+func (s *MemStore) List(ctx context.Context, topic string, fn func(ObjectInfo) error) error {
+	prefix, err := TopicPrefix(topic)
+	if err != nil {
+		return err
+	}
+	s.b.mu.RLock()
+	var found []ObjectInfo
+	for key, o := range s.b.objects {
+		if strings.HasPrefix(key, prefix) {
+			found = append(found, ObjectInfo{FullPath: s.root.Path(key), Size: int64(len(o.data)), ModTime: o.mod})
+		}
+	}
+	s.b.mu.RUnlock()
+	for _, o := range found {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := fn(o); err != nil {
+			return err
+		}
+	}
 	return nil
 }

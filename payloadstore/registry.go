@@ -16,6 +16,16 @@ type Options struct {
 	// already exist; it is neither created nor checked for writing, so a
 	// mistyped URL fails instead of making an empty store.
 	ReadOnly bool
+	// PartSizeBytes is the size in bytes of each part of a multipart
+	// (S3), resumable (GCS) or block (Azure) upload; 0 means
+	// DefaultPartSizeBytes (8 MiB), the least is 5 MiB. Config key
+	// large.message.payload.store.part.size.bytes.
+	PartSizeBytes int
+	// UploadConcurrency is how many parts of one upload are in flight at
+	// once; 0 means DefaultUploadConcurrency (4). An upload buffers about
+	// PartSizeBytes × UploadConcurrency bytes. Config key
+	// large.message.payload.store.upload.concurrency.
+	UploadConcurrency int
 }
 
 // Opener opens a store for a parsed URL. It should check that the store is

@@ -13,8 +13,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
+	"time"
 )
 
 // Payload is one object to publish.
@@ -131,4 +133,34 @@ func objectID(gen IDGenerator, p Payload) string {
 		return p.ID
 	}
 	return gen.ID(p)
+}
+
+// ObjectInfo describes one stored object, as listed by a Lister.
+type ObjectInfo struct {
+	// FullPath is the object's full path, as a reference would carry it.
+	FullPath string
+	// Size is the object's length in bytes.
+	Size int64
+	// ModTime is when the object was last written (the store's clock).
+	ModTime time.Time
+}
+
+// Lister is implemented by stores that can enumerate the payloads of a topic;
+// `ferry gc` needs it. Every store in this package implements it, and Wrap
+// passes it through.
+type Lister interface {
+	// List calls fn for every object under the topic's prefix
+	// ("<topic>/"), in no particular order, and stops at fn's first error,
+	// which it returns. Objects still being written are not listed.
+	List(ctx context.Context, topic string, fn func(ObjectInfo) error) error
+}
+
+// List lists the payloads of topic in s (see Lister). It returns an *Error
+// when s cannot list.
+func List(ctx context.Context, s PayloadStore, topic string, fn func(ObjectInfo) error) error {
+	l, ok := Unwrap(s).(Lister)
+	if !ok {
+		return &Error{Op: "list", Path: topic, Err: fmt.Errorf("the %s store cannot list its objects", s.Class())}
+	}
+	return l.List(ctx, topic, fn)
 }

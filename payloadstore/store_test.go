@@ -45,10 +45,10 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 		if err != nil {
 			t.Fatalf("Publish probe: %v", err)
 		}
-		suffix := "/" + conformanceTopic + "/fixed-probe-id"
+		suffix := "/" + objectKey(conformanceTopic, "fixed-probe-id")
 		root, ok := strings.CutSuffix(resp.FullPayloadPath, suffix)
 		if !ok || root == "" {
-			t.Fatalf("full path %q does not end in %q: the layout must be <root>/<topic>/<id>", resp.FullPayloadPath, suffix)
+			t.Fatalf("full path %q does not end in %q: the layout must be <root>/<topic>/<shard>/<id>", resp.FullPayloadPath, suffix)
 		}
 		return root
 	}
@@ -156,7 +156,7 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 		root := rootOf(t, s)
 		// A real object next to the bad paths: an escape that worked would
 		// find it.
-		target := root + "/" + conformanceTopic + "/fixed-probe-id"
+		target := root + "/" + objectKey(conformanceTopic, "fixed-probe-id")
 		if _, err := payloadstore.DownloadBytes(ctx, s, target); err != nil {
 			t.Fatalf("probe object not readable: %v", err)
 		}
@@ -237,8 +237,8 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 			t.Fatalf("same bytes, content id: paths %q and %q differ", p1, p2)
 		}
 		sum := sha256.Sum256(a)
-		if !strings.HasSuffix(p1, "/"+conformanceTopic+"/"+hex.EncodeToString(sum[:])) {
-			t.Fatalf("content-id path %q does not end in /<topic>/<sha256 hex>", p1)
+		if !strings.HasSuffix(p1, "/"+objectKey(conformanceTopic, hex.EncodeToString(sum[:]))) {
+			t.Fatalf("content-id path %q does not end in /<topic>/<shard>/<sha256 hex>", p1)
 		}
 		if p3 := publish(append(bytes.Clone(a), 0)); p3 == p1 {
 			t.Fatalf("different bytes gave the same content-id path %q", p3)
@@ -339,8 +339,101 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 			t.Fatalf("Publish with a canceled context: %v, want context.Canceled", err)
 		}
 		root := rootOf(t, s)
-		if _, err := s.Download(ctx, root+"/"+conformanceTopic+"/canceled"); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+		if _, err := s.Download(ctx, root+"/"+objectKey(conformanceTopic, "canceled")); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 			t.Fatalf("an object exists after a canceled publish: %v", err)
+		}
+	})
+
+	t.Run("List", func(t *testing.T) {
+		s := open(t)
+		topic := "listed-" + uuid.NewString()[:8]
+		before := time.Now().Add(-time.Minute)
+		want := map[string]int64{}
+		for i, size := range []int{0, 10, 70 << 10} {
+			resp, err := payloadstore.PublishBytes(ctx, s, topic, randBytes(t, size))
+			if err != nil {
+				t.Fatalf("publish %d: %v", i, err)
+			}
+			want[resp.FullPayloadPath] = int64(size)
+		}
+		// Another topic whose name extends this one must not be listed.
+		if _, err := payloadstore.PublishBytes(ctx, s, topic+"x", []byte("other")); err != nil {
+			t.Fatal(err)
+		}
+		list := func() map[string]payloadstore.ObjectInfo {
+			got := map[string]payloadstore.ObjectInfo{}
+			err := payloadstore.List(ctx, s, topic, func(o payloadstore.ObjectInfo) error {
+				got[o.FullPath] = o
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("List: %v", err)
+			}
+			return got
+		}
+		got := list()
+		if len(got) != len(want) {
+			t.Fatalf("List gave %d objects %v, want %d", len(got), got, len(want))
+		}
+		for p, size := range want {
+			o, ok := got[p]
+			if !ok || o.Size != size {
+				t.Fatalf("List: %q = %+v, want size %d", p, o, size)
+			}
+			if o.ModTime.Before(before) || o.ModTime.After(time.Now().Add(time.Minute)) {
+				t.Fatalf("List: %q modified at %v, not about now", p, o.ModTime)
+			}
+		}
+		for p := range want {
+			if err := s.Delete(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if n := len(list()); n != len(want)-1 {
+			t.Fatalf("after one delete List gave %d objects, want %d", n, len(want)-1)
+		}
+		stop := errors.New("stop")
+		if err := payloadstore.List(ctx, s, topic, func(payloadstore.ObjectInfo) error { return stop }); err != stop {
+			t.Fatalf("List returned %v, want the callback's own error", err)
+		}
+		if err := payloadstore.List(ctx, s, "no-such-topic-"+uuid.NewString()[:8], func(o payloadstore.ObjectInfo) error {
+			return fmt.Errorf("unexpected object %q", o.FullPath)
+		}); err != nil {
+			t.Fatalf("List of an empty topic: %v", err)
+		}
+	})
+
+	// A payload of several upload parts (cloud stores use 5 MiB parts in
+	// these tests) streams from a reader that is not a byte slice.
+	t.Run("MultiPartStream", func(t *testing.T) {
+		s := open(t)
+		const size = 12<<20 + 123
+		f, err := os.CreateTemp(t.TempDir(), "payload")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := io.CopyN(f, rand.Reader, size); err != nil {
+			t.Fatal(err)
+		}
+		p, err := payloadstore.FilePayload(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Publish(ctx, conformanceTopic, p)
+		if err != nil {
+			t.Fatalf("Publish %d bytes: %v", size, err)
+		}
+		rc, err := s.Download(ctx, resp.FullPayloadPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		h := sha256.New()
+		n, err := io.Copy(h, rc)
+		if err != nil || n != size || !bytes.Equal(h.Sum(nil), p.SHA256[:]) {
+			t.Fatalf("download: %d bytes, err %v, digest match %v; want %d bytes", n, err, bytes.Equal(h.Sum(nil), p.SHA256[:]), size)
 		}
 	})
 }
@@ -429,17 +522,21 @@ func TestFileStoreLayoutAndNoTempFiles(t *testing.T) {
 	if len(files) != 1 {
 		t.Fatalf("after one publish the store holds %v, want exactly one object", files)
 	}
-	id, ok := strings.CutPrefix(files[0], "orders/")
+	rest, ok := strings.CutPrefix(files[0], "orders/")
 	if !ok {
 		t.Fatalf("object %q is not in the topic folder", files[0])
+	}
+	shard, id, _ := strings.Cut(rest, "/")
+	if want := objectKey("orders", id); files[0] != want {
+		t.Fatalf("object %q is not in its shard folder: want %q", files[0], want)
 	}
 	if u, err := uuid.Parse(id); err != nil || u.Version() != 4 || u.String() != id {
 		t.Fatalf("default object id %q is not a canonical UUID v4 (%v)", id, err)
 	}
-	if want := "file://" + filepath.ToSlash(dir) + "/orders/" + id; resp.FullPayloadPath != want {
+	if want := "file://" + filepath.ToSlash(dir) + "/orders/" + shard + "/" + id; resp.FullPayloadPath != want {
 		t.Fatalf("full path %q, want %q", resp.FullPayloadPath, want)
 	}
-	onDisk, err := os.ReadFile(filepath.Join(dir, "orders", id))
+	onDisk, err := os.ReadFile(filepath.Join(dir, "orders", shard, id))
 	if err != nil || !bytes.Equal(onDisk, b) {
 		t.Fatalf("the file on disk differs from the payload: %v", err)
 	}
@@ -510,8 +607,8 @@ func TestFileStoreFailedBodyLeavesNothing(t *testing.T) {
 	if _, err := s.Publish(ctx, "orders", p); err != nil {
 		t.Fatal(err)
 	}
-	if left := dirEntries(t, dir); len(left) != 1 || left[0] != "orders/would-be" {
-		t.Fatalf("after a good publish the store holds %v, want [orders/would-be]", left)
+	if left := dirEntries(t, dir); len(left) != 1 || left[0] != objectKey("orders", "would-be") {
+		t.Fatalf("after a good publish the store holds %v, want [%s]", left, objectKey("orders", "would-be"))
 	}
 }
 
@@ -1119,4 +1216,12 @@ func randBytes(t testing.TB, n int) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// objectKey is the documented layout (docs/FORMAT.md), written out again
+// here so that a change to the store's code cannot silently move objects:
+// "<topic>/<first byte of SHA-256(id) in hex>/<id>".
+func objectKey(topic, id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return topic + "/" + hex.EncodeToString(sum[:1]) + "/" + id
 }

@@ -1,0 +1,329 @@
+package payloadstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"regexp"
+	"strings"
+
+	"gocloud.dev/blob"
+	"gocloud.dev/blob/azureblob"
+	"gocloud.dev/blob/gcsblob"
+	"gocloud.dev/blob/s3blob"
+	"gocloud.dev/gcerrors"
+)
+
+// Classes written into references by the cloud stores.
+const (
+	S3StoreClass        = "ferry.payloadstore.S3Store"
+	GCSStoreClass       = "ferry.payloadstore.GCSStore"
+	AzureBlobStoreClass = "ferry.payloadstore.AzureBlobStore"
+)
+
+// Defaults of the upload knobs (Options.PartSizeBytes, Options.UploadConcurrency):
+// 8 MiB parts, 4 in flight, so an upload buffers at most about 32 MiB
+// whatever the payload's size.
+const (
+	DefaultPartSizeBytes     = 8 << 20
+	DefaultUploadConcurrency = 4
+	// minPartSizeBytes is S3's smallest multipart part (5 MiB).
+	minPartSizeBytes = 5 << 20
+)
+
+// downloadResumes bounds how often one download reopens the object at the
+// offset it had reached after a read fails mid-stream.
+const downloadResumes = 3
+
+func init() {
+	Register(s3blob.Scheme, openBlob(S3StoreClass))
+	Register(gcsblob.Scheme, openBlob(GCSStoreClass))
+	Register(azureblob.Scheme, openBlob(AzureBlobStoreClass))
+}
+
+// BlobStore is a PayloadStore over a gocloud.dev/blob bucket: Amazon S3 (and
+// S3-compatible servers), Google Cloud Storage or Azure Blob Storage, opened
+// from a URL:
+//
+//	s3://BUCKET/PREFIX?region=REGION&endpoint=URL&use_path_style=true
+//	gs://BUCKET/PREFIX
+//	azblob://CONTAINER/PREFIX
+//
+// Credentials come from each cloud's standard chain (environment variables,
+// profile and credential files, instance or workload identity) exactly as
+// gocloud.dev and the cloud SDKs read them; Ferry takes none in the URL, and
+// none appear in a full path, a log line or an error. The query parameters
+// are gocloud.dev's (for S3: region, endpoint, profile, use_path_style,
+// disable_https, ssetype, kmskeyid, ...); they are not part of a full path,
+// which is "s3://BUCKET/PREFIX/<topic>/<shard>/<id>".
+//
+// Uploads stream: S3 uses multipart uploads, GCS resumable uploads and Azure
+// block blobs, with Options.PartSizeBytes per part and
+// Options.UploadConcurrency parts in flight. The object becomes visible only
+// when the upload completes; a failed or cancelled upload is aborted and
+// leaves nothing under its key. Downloads stream, and a read that fails
+// mid-stream reopens the object at the offset reached (up to 3 times).
+type BlobStore struct {
+	bucket      *blob.Bucket
+	root        Root
+	class       string
+	gen         IDGenerator
+	partSize    int
+	concurrency int
+}
+
+func openBlob(class string) Opener {
+	return func(ctx context.Context, u *url.URL, opts Options) (PayloadStore, error) {
+		return OpenBlobStore(ctx, u, class, opts)
+	}
+}
+
+// OpenBlobStore opens the bucket u names (see BlobStore for the URL forms)
+// and checks, once, that it exists and the credentials may list it, so that a
+// missing bucket or wrong credentials fail at start-up. Errors are *Error
+// with Op "open"; a missing bucket or refused credentials are not retryable.
+func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) (*BlobStore, error) {
+	bucketName := u.Host
+	prefix := strings.Trim(u.Path, "/")
+	root := Root(u.Scheme + "://" + bucketName)
+	if prefix != "" {
+		root = Root(string(root) + "/" + prefix)
+	}
+	fail := func(retryable bool, err error) (*BlobStore, error) {
+		return nil, &Error{Op: "open", Path: string(root), Retryable: retryable, Err: scrub(err)}
+	}
+	if bucketName == "" {
+		return fail(false, fmt.Errorf("%w: no bucket in the URL (want %s://BUCKET/PREFIX)", ErrInvalidPath, u.Scheme))
+	}
+	if u.User != nil {
+		return fail(false, fmt.Errorf("%w: credentials in the URL are not accepted; use the cloud's standard credential chain", ErrInvalidPath))
+	}
+	if prefix != "" {
+		if _, err := Root(u.Scheme + "://" + bucketName).Key(string(root) + "/x"); err != nil {
+			return fail(false, fmt.Errorf("%w: bad prefix %q", ErrInvalidPath, prefix))
+		}
+	}
+	partSize := opts.PartSizeBytes
+	if partSize == 0 {
+		partSize = DefaultPartSizeBytes
+	}
+	if partSize < minPartSizeBytes {
+		return fail(false, fmt.Errorf("large.message.payload.store.part.size.bytes is %d; it must be at least %d (S3's smallest part)", partSize, minPartSizeBytes))
+	}
+	concurrency := opts.UploadConcurrency
+	if concurrency == 0 {
+		concurrency = DefaultUploadConcurrency
+	}
+	if concurrency < 1 {
+		return fail(false, fmt.Errorf("large.message.payload.store.upload.concurrency is %d; it must be at least 1", concurrency))
+	}
+	// gocloud.dev takes the bucket from the host and its own options from
+	// the query; the prefix is applied with PrefixedBucket below.
+	gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
+	b, err := blob.OpenBucket(ctx, gu.String())
+	if err != nil {
+		return fail(false, err)
+	}
+	if prefix != "" {
+		b = blob.PrefixedBucket(b, prefix+"/")
+	}
+	ok, err := b.IsAccessible(ctx)
+	if err != nil {
+		b.Close()
+		return fail(retryableCode(gcerrors.Code(err)), fmt.Errorf("cannot reach the bucket (check the credentials and the endpoint): %w", err))
+	}
+	if !ok {
+		b.Close()
+		return fail(false, fmt.Errorf("%w: bucket %q does not exist", ErrPayloadNotFound, bucketName))
+	}
+	return &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency}, nil
+}
+
+func (s *BlobStore) Class() string       { return s.class }
+func (s *BlobStore) ID(p Payload) string { return s.gen.ID(p) }
+func (s *BlobStore) Close() error        { return s.bucket.Close() }
+
+// Root returns the URL prefix of every full path of this store.
+func (s *BlobStore) Root() Root { return s.root }
+
+func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
+	key, err := objectKey(topic, objectID(s.gen, p))
+	if err != nil {
+		return PayloadResponse{}, err
+	}
+	full := s.root.Path(key)
+	if _, err := p.Body.Seek(0, io.SeekStart); err != nil {
+		return PayloadResponse{}, &Error{Op: "publish", Path: full, Err: err}
+	}
+	// Cancelling the writer's context before Close aborts the upload
+	// (gocloud.dev/blob: S3 AbortMultipartUpload, no GCS/Azure commit), so
+	// nothing half-written ever appears under key.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.bucket.NewWriter(wctx, key, &blob.WriterOptions{
+		BufferSize:     s.partSize,
+		MaxConcurrency: s.concurrency,
+		ContentType:    "application/octet-stream",
+		Metadata:       map[string]string{"ferry-sha256": p.HexSHA256()},
+	})
+	if err != nil {
+		return PayloadResponse{}, s.fail("publish", full, err)
+	}
+	n, err := w.ReadFrom(io.LimitReader(p.Body, p.Size+1))
+	if err == nil && n != p.Size {
+		err = fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)
+	}
+	if err != nil {
+		cancel()
+		w.Close()
+		if errors.Is(err, ErrPayloadChanged) {
+			return PayloadResponse{}, &Error{Op: "publish", Path: full, Err: err}
+		}
+		return PayloadResponse{}, s.fail("publish", full, err)
+	}
+	if err := w.Close(); err != nil {
+		return PayloadResponse{}, s.fail("publish", full, err)
+	}
+	return PayloadResponse{FullPayloadPath: full}, nil
+}
+
+func (s *BlobStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {
+	key, err := s.root.Key(fullPath)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.bucket.NewReader(ctx, key, nil)
+	if err != nil {
+		return nil, s.fail("download", fullPath, err)
+	}
+	return &resumingReader{ctx: ctx, s: s, key: key, full: fullPath, r: r, size: r.Size()}, nil
+}
+
+func (s *BlobStore) Delete(ctx context.Context, fullPath string) error {
+	key, err := s.root.Key(fullPath)
+	if err != nil {
+		err.(*Error).Op = "delete"
+		return err
+	}
+	if err := s.bucket.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+		return s.fail("delete", fullPath, err)
+	}
+	return nil
+}
+
+// List implements Lister.
+func (s *BlobStore) List(ctx context.Context, topic string, fn func(ObjectInfo) error) error {
+	prefix, err := TopicPrefix(topic)
+	if err != nil {
+		return err
+	}
+	it := s.bucket.List(&blob.ListOptions{Prefix: prefix})
+	for {
+		obj, err := it.Next(ctx)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return s.fail("list", s.root.Path(prefix), err)
+		}
+		if obj.IsDir {
+			continue
+		}
+		if err := fn(ObjectInfo{FullPath: s.root.Path(obj.Key), Size: obj.Size, ModTime: obj.ModTime}); err != nil {
+			return err
+		}
+	}
+}
+
+// fail turns a gocloud.dev error into an *Error: NotFound wraps
+// ErrPayloadNotFound; the codes another attempt cannot fix (permission,
+// invalid argument, failed precondition, unimplemented) are fatal; the rest
+// (unavailable, throttled, timeouts, connection errors) are retryable.
+func (s *BlobStore) fail(op, path string, err error) error {
+	code := gcerrors.Code(err)
+	if code == gcerrors.NotFound {
+		return &Error{Op: op, Path: path, Err: fmt.Errorf("%w: %v", ErrPayloadNotFound, scrub(err))}
+	}
+	return &Error{Op: op, Path: path, Retryable: retryableCode(code), Err: scrub(err)}
+}
+
+func retryableCode(c gcerrors.ErrorCode) bool {
+	switch c {
+	case gcerrors.NotFound, gcerrors.PermissionDenied, gcerrors.InvalidArgument,
+		gcerrors.FailedPrecondition, gcerrors.Unimplemented, gcerrors.AlreadyExists, gcerrors.Canceled:
+		return false
+	}
+	return true
+}
+
+// resumingReader reads an object; when a read fails mid-stream with a
+// retryable error it reopens the object from the offset reached.
+type resumingReader struct {
+	ctx     context.Context
+	s       *BlobStore
+	key     string
+	full    string
+	r       *blob.Reader
+	size    int64
+	off     int64
+	resumes int
+}
+
+func (rr *resumingReader) Read(p []byte) (int, error) {
+	for {
+		n, err := rr.r.Read(p)
+		rr.off += int64(n)
+		if err == nil || err == io.EOF || n > 0 {
+			if err != nil && err != io.EOF {
+				// Report the bytes now; the error recurs on the next Read.
+				err = nil
+			}
+			return n, err
+		}
+		e := rr.s.fail("download", rr.full, err)
+		if !IsRetryable(e) || rr.resumes >= downloadResumes || rr.ctx.Err() != nil || rr.off >= rr.size {
+			return 0, e
+		}
+		rr.resumes++
+		rr.r.Close()
+		r, oerr := rr.s.bucket.NewRangeReader(rr.ctx, rr.key, rr.off, -1, nil)
+		if oerr != nil {
+			return 0, errors.Join(e, rr.s.fail("download", rr.full, oerr))
+		}
+		rr.r = r
+	}
+}
+
+func (rr *resumingReader) Close() error { return rr.r.Close() }
+
+// secretParam matches the query parameters and connection-string fields that
+// carry secrets in cloud URLs and messages (SAS signatures, presigned S3/GCS
+// signatures, tokens, account keys).
+var secretParam = regexp.MustCompile(`(?i)\b(sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential|access_token|accountkey|sharedaccesssignature|client_secret)=[^&\s;"']+`)
+
+// scrub removes secrets from an error's text; see secretParam. Errors
+// without such text come back unchanged (errors.Is/As still see them).
+func scrub(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	clean := secretParam.ReplaceAllString(msg, "$1=REDACTED")
+	if clean == msg {
+		return err
+	}
+	return &scrubbedError{msg: clean, err: err}
+}
+
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
