@@ -5,15 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+	gcaws "gocloud.dev/aws"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/azureblob"
 	"gocloud.dev/blob/gcsblob"
 	"gocloud.dev/blob/s3blob"
 	"gocloud.dev/gcerrors"
+	"google.golang.org/api/googleapi"
 )
 
 // Classes written into references by the cloud stores.
@@ -121,8 +128,14 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	}
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket below.
-	gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
-	b, err := blob.OpenBucket(ctx, gu.String())
+	var b *blob.Bucket
+	var err error
+	if u.Scheme == s3blob.Scheme {
+		b, err = openS3Bucket(ctx, bucketName, u.Query())
+	} else {
+		gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
+		b, err = blob.OpenBucket(ctx, gu.String())
+	}
 	if err != nil {
 		return fail(false, err)
 	}
@@ -132,7 +145,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	ok, err := b.IsAccessible(ctx)
 	if err != nil {
 		b.Close()
-		return fail(retryableCode(gcerrors.Code(err)), fmt.Errorf("cannot reach the bucket (check the credentials and the endpoint): %w", err))
+		return fail(retryable(err), fmt.Errorf("cannot reach the bucket (check the credentials and the endpoint): %w", err))
 	}
 	if !ok {
 		b.Close()
@@ -245,20 +258,93 @@ func (s *BlobStore) List(ctx context.Context, topic string, fn func(ObjectInfo) 
 // invalid argument, failed precondition, unimplemented) are fatal; the rest
 // (unavailable, throttled, timeouts, connection errors) are retryable.
 func (s *BlobStore) fail(op, path string, err error) error {
-	code := gcerrors.Code(err)
-	if code == gcerrors.NotFound {
+	if gcerrors.Code(err) == gcerrors.NotFound || httpStatus(err) == http.StatusNotFound {
 		return &Error{Op: op, Path: path, Err: fmt.Errorf("%w: %v", ErrPayloadNotFound, scrub(err))}
 	}
-	return &Error{Op: op, Path: path, Retryable: retryableCode(code), Err: scrub(err)}
+	return &Error{Op: op, Path: path, Retryable: retryable(err), Err: scrub(err)}
 }
 
-func retryableCode(c gcerrors.ErrorCode) bool {
-	switch c {
+// retryable classifies a store error: by the HTTP status when the SDK
+// reports one (408, 429 and 5xx are worth another attempt; other 4xx, such as
+// 403 for wrong credentials, are not), else by gocloud.dev's error code.
+func retryable(err error) bool {
+	if st := httpStatus(err); st != 0 {
+		return st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500
+	}
+	switch gcerrors.Code(err) {
 	case gcerrors.NotFound, gcerrors.PermissionDenied, gcerrors.InvalidArgument,
 		gcerrors.FailedPrecondition, gcerrors.Unimplemented, gcerrors.AlreadyExists, gcerrors.Canceled:
 		return false
 	}
 	return true
+}
+
+// httpStatus digs the HTTP status out of an SDK error (AWS, Azure, Google),
+// or returns 0 when there is none (a connection error, say).
+func httpStatus(err error) int {
+	var aws interface{ HTTPStatusCode() int }
+	if errors.As(err, &aws) {
+		return aws.HTTPStatusCode()
+	}
+	var az *azcore.ResponseError
+	if errors.As(err, &az) {
+		return az.StatusCode
+	}
+	var g *googleapi.Error
+	if errors.As(err, &g) {
+		return g.Code
+	}
+	return 0
+}
+
+// openS3Bucket opens an S3 bucket the way gocloud.dev's s3blob URL opener
+// does (the same query parameters and credential chain), but builds the S3
+// client itself: the opener offers no way to set client options, and Ferry
+// needs one, DisableLogOutputChecksumValidationSkipped, or every download
+// from an S3-compatible server that sends no checksum prints an SDK line on
+// stderr.
+func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucket, error) {
+	var opts s3blob.Options
+	var clientOpts []func(*s3.Options)
+	boolParam := func(key string, set func(o *s3.Options, v bool)) error {
+		v := q.Get(key)
+		if v == "" {
+			return nil
+		}
+		q.Del(key)
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("invalid value %q for %q", v, key)
+		}
+		clientOpts = append(clientOpts, func(o *s3.Options) { set(o, b) })
+		return nil
+	}
+	for key, set := range map[string]func(*s3.Options, bool){
+		"use_path_style":   func(o *s3.Options, v bool) { o.UsePathStyle = v },
+		"s3ForcePathStyle": func(o *s3.Options, v bool) { o.UsePathStyle = v },
+		"disable_https":    func(o *s3.Options, v bool) { o.EndpointOptions.DisableHTTPS = v },
+		"accelerate":       func(o *s3.Options, v bool) { o.UseAccelerate = v },
+	} {
+		if err := boolParam(key, set); err != nil {
+			return nil, err
+		}
+	}
+	if v := q.Get("ssetype"); v != "" {
+		q.Del("ssetype")
+		opts.EncryptionType = s3types.ServerSideEncryption(v)
+	}
+	if v := q.Get("kmskeyid"); v != "" {
+		q.Del("kmskeyid")
+		opts.KMSEncryptionID = v
+	}
+	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	clientOpts = append(clientOpts, func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
+	client := s3.NewFromConfig(cfg, clientOpts...)
+	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
+	return s3blob.OpenBucket(ctx, client, bucket, &opts)
 }
 
 // resumingReader reads an object; when a read fails mid-stream with a

@@ -1,0 +1,314 @@
+package payloadstore_test
+
+// Store faults against the real S3 server (versitygw), with a fault proxy in
+// front of it for what a real server cannot be made to do on demand (be
+// down, throttle, be slow, cut a response off).
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ferrykit/ferry/internal/faultproxy"
+	"github.com/ferrykit/ferry/payloadstore"
+)
+
+// s3ViaProxy returns the URL of a fresh prefix in a real S3 bucket, the same
+// prefix reached through a fault proxy, and the proxy.
+func s3ViaProxy(t *testing.T) (direct, viaProxy string, fp *faultproxy.Proxy) {
+	t.Helper()
+	direct = s3URL(t, "ferry-faults")
+	fp, err := faultproxy.New(os.Getenv("FERRY_S3_ENDPOINT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fp.Close)
+	u, _ := url.Parse(direct)
+	q := u.Query()
+	q.Set("endpoint", fp.URL())
+	u.RawQuery = q.Encode()
+	return direct, u.String(), fp
+}
+
+// fastPolicyFor is a retry policy with short backoffs so that fault tests
+// stay quick; the SDK's own retries run inside each attempt.
+func fastPolicyFor(timeout time.Duration) payloadstore.Policy {
+	return payloadstore.Policy{Timeout: timeout, RetryCount: 2, RetryBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond, CustomMetadataMaxBytes: 128}
+}
+
+func randPayload(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// listAll returns the full paths under topic in s.
+func listAll(t *testing.T, s payloadstore.PayloadStore, topic string) []string {
+	t.Helper()
+	var out []string
+	if err := payloadstore.List(context.Background(), s, topic, func(o payloadstore.ObjectInfo) error {
+		out = append(out, o.FullPath)
+		return nil
+	}); err != nil {
+		t.Fatalf("List: %v", err)
+	}
+	return out
+}
+
+// Down during upload: bounded retries, then a retryable *Error, and no
+// object under the topic.
+func TestS3DownDuringUpload(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := s3ViaProxy(t)
+	s := payloadstore.Wrap(openURL(t, via), fastPolicyFor(30*time.Second))
+	fp.Set(faultproxy.Down, -1)
+	_, err := payloadstore.PublishBytes(ctx, s, "orders", randPayload(t, 6<<20))
+	var se *payloadstore.Error
+	if !errors.As(err, &se) || !se.Retryable || !strings.Contains(err.Error(), "after 3 attempts") {
+		t.Fatalf("publish while the server is down: %v, want a retryable *Error after 3 attempts", err)
+	}
+	if n := fp.Count(faultproxy.Down); n < 3 {
+		t.Fatalf("the server saw %d attempts, want at least 3 (one per Ferry attempt)", n)
+	}
+	if left := listAll(t, openURL(t, direct), "orders"); len(left) != 0 {
+		t.Fatalf("a failed upload left objects: %v", left)
+	}
+}
+
+// A multipart upload whose later parts fail must not leave a visible object:
+// the upload is aborted.
+func TestS3FailureMidMultipartLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := s3ViaProxy(t)
+	s := openURL(t, via) // no policy: one attempt
+	// Let the multipart upload start and its first parts through, then go
+	// down for good.
+	go func() {
+		for len(fp.Requests()) < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		fp.Set(faultproxy.Down, -1)
+	}()
+	_, err := payloadstore.PublishBytes(ctx, s, "orders", randPayload(t, 30<<20))
+	if err == nil {
+		t.Fatal("publish succeeded although the server went down mid-upload")
+	}
+	fp.Set(faultproxy.Pass, -1)
+	if left := listAll(t, openURL(t, direct), "orders"); len(left) != 0 {
+		t.Fatalf("an interrupted multipart upload left objects: %v", left)
+	}
+}
+
+// Slow server: the attempt runs into large.message.payload.store.timeout.ms
+// and the publish fails with a clear error instead of hanging.
+func TestS3SlowUploadTimesOut(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := s3ViaProxy(t)
+	s := payloadstore.Wrap(openURL(t, via), fastPolicyFor(2*time.Second))
+	fp.SetDelay(time.Minute)
+	fp.Set(faultproxy.Slow, -1)
+	start := time.Now()
+	_, err := payloadstore.PublishBytes(ctx, s, "orders", randPayload(t, 1<<20))
+	if err == nil {
+		t.Fatal("publish succeeded against a server that never answers")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !strings.Contains(err.Error(), "timeout") && !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("slow server: %v, want the timeout named", err)
+	}
+	if waited := time.Since(start); waited > 30*time.Second {
+		t.Fatalf("publish took %v; the 2 s timeout did not bound it", waited)
+	}
+	fp.Set(faultproxy.Pass, -1)
+	if left := listAll(t, openURL(t, direct), "orders"); len(left) != 0 {
+		t.Fatalf("a timed-out upload left objects: %v", left)
+	}
+}
+
+// Throttling (503 SlowDown and 429): requests are retried with backoff and
+// the publish succeeds once the server accepts again; persistent throttling
+// ends in a retryable error.
+func TestS3Throttling(t *testing.T) {
+	for _, status := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			ctx := context.Background()
+			_, via, fp := s3ViaProxy(t)
+			s := payloadstore.Wrap(openURL(t, via), fastPolicyFor(60*time.Second))
+			fp.SetThrottleStatus(status)
+			fp.Set(faultproxy.Throttle, 3)
+			data := randPayload(t, 100<<10)
+			resp, err := payloadstore.PublishBytes(ctx, s, "orders", data)
+			if err != nil {
+				t.Fatalf("publish after 3 throttled requests: %v", err)
+			}
+			reqs := fp.Requests()
+			if fp.Count(faultproxy.Throttle) != 3 || len(reqs) < 4 {
+				t.Fatalf("saw %d requests (%d throttled), want 3 throttled then a retry", len(reqs), fp.Count(faultproxy.Throttle))
+			}
+			// Backoff: the retries were not fired back to back.
+			if gap := reqs[3].At.Sub(reqs[0].At); gap < 5*time.Millisecond {
+				t.Fatalf("three retries within %v: no backoff", gap)
+			}
+			got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath)
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("download after throttling: %v", err)
+			}
+
+			fp.Set(faultproxy.Throttle, -1)
+			_, err = payloadstore.PublishBytes(ctx, s, "orders", data)
+			if !payloadstore.IsRetryable(err) {
+				t.Fatalf("persistent throttling: %v, want a retryable error", err)
+			}
+		})
+	}
+}
+
+// Down during download: retries, then a retryable error, never
+// ErrPayloadNotFound; a really missing object is ErrPayloadNotFound.
+func TestS3DownDuringDownload(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := s3ViaProxy(t)
+	data := randPayload(t, 1<<20)
+	resp, err := payloadstore.PublishBytes(ctx, openURL(t, direct), "orders", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := payloadstore.Wrap(openURL(t, via), fastPolicyFor(30*time.Second))
+	fp.Set(faultproxy.Down, -1)
+	_, err = payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath)
+	if err == nil || errors.Is(err, payloadstore.ErrPayloadNotFound) || !payloadstore.IsRetryable(err) {
+		t.Fatalf("download while the server is down: %v, want a retryable error that is not ErrPayloadNotFound", err)
+	}
+	// Back up: the same download works, and a missing object is reported
+	// as missing.
+	fp.Set(faultproxy.Pass, -1)
+	got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("download after the server came back: %v", err)
+	}
+	missing := strings.TrimSuffix(resp.FullPayloadPath, "/"+resp.FullPayloadPath[strings.LastIndex(resp.FullPayloadPath, "/")+1:]) + "/" + uuid.NewString()
+	if _, err := payloadstore.DownloadBytes(ctx, s, missing); !errors.Is(err, payloadstore.ErrPayloadNotFound) || payloadstore.IsRetryable(err) {
+		t.Fatalf("download of a missing object: %v, want ErrPayloadNotFound, not retryable", err)
+	}
+}
+
+// A download cut off mid-body resumes from the offset reached and yields the
+// exact bytes.
+func TestS3DownloadResumesAfterCut(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := s3ViaProxy(t)
+	data := randPayload(t, 3<<20)
+	resp, err := payloadstore.PublishBytes(ctx, openURL(t, direct), "orders", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openURL(t, via)
+	fp.SetCutAfter(1 << 20)
+	fp.Set(faultproxy.CutBody, 1)
+	got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("download cut after 1 MiB: %d bytes, %v; want the %d original bytes", len(got), err, len(data))
+	}
+	if n := len(fp.Requests()); n < 2 {
+		t.Fatalf("saw %d requests, want the first GET and a ranged resume", n)
+	}
+}
+
+// Wrong credentials and a missing bucket fail at Open, once, with a clear
+// error that carries no secret.
+func TestCloudStartupErrors(t *testing.T) {
+	ctx := context.Background()
+	t.Run("S3MissingBucket", func(t *testing.T) {
+		raw := s3URL(t, "ferry-conformance")
+		u, _ := url.Parse(raw)
+		u.Host = "no-such-bucket-" + uuid.NewString()[:8]
+		_, err := payloadstore.Open(ctx, u.String(), payloadstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), u.Host) {
+			t.Fatalf("Open of a missing bucket: %v, want an error naming the bucket", err)
+		}
+	})
+	t.Run("S3WrongCredentials", func(t *testing.T) {
+		raw := s3URL(t, "ferry-conformance")
+		secret := "wrong-secret-" + uuid.NewString()
+		t.Setenv("AWS_SECRET_ACCESS_KEY", secret)
+		_, err := payloadstore.Open(ctx, raw, payloadstore.Options{})
+		if err == nil || payloadstore.IsRetryable(err) {
+			t.Fatalf("Open with a wrong secret key: %v, want a non-retryable error", err)
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Fatalf("the error carries the secret: %v", err)
+		}
+		t.Logf("wrong credentials: %v", err)
+	})
+	t.Run("GCSMissingBucket", func(t *testing.T) {
+		gcsURL(t, "ferry-conformance")
+		name := "no-such-bucket-" + uuid.NewString()[:8]
+		_, err := payloadstore.Open(ctx, "gs://"+name+"/p", payloadstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Fatalf("Open of a missing GCS bucket: %v, want an error naming it", err)
+		}
+	})
+	t.Run("AzureMissingContainer", func(t *testing.T) {
+		azureURL(t, "ferry-conformance")
+		name := "no-such-container-" + uuid.NewString()[:8]
+		_, err := payloadstore.Open(ctx, "azblob://"+name+"/p", payloadstore.Options{})
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Fatalf("Open of a missing Azure container: %v, want an error naming it", err)
+		}
+	})
+	t.Run("AzureWrongKey", func(t *testing.T) {
+		// gocloud.dev reads the Azure environment once per process, so the
+		// open runs in a child process with the wrong key.
+		raw := azureURL(t, "ferry-conformance")
+		key := "d3Jvbmcta2V5LXRoYXQtaXMtbm90LXRoZS1yZWFsLW9uZQ==" // base64 of a wrong key
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestOpenInChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "AZURE_STORAGE_KEY="+key, "FERRY_TEST_OPEN_URL="+raw)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		text := string(out)
+		if !strings.Contains(text, "OPEN-FAILED retryable=false") {
+			t.Fatalf("Open with a wrong account key, in a child process:\n%s\nwant a non-retryable failure", text)
+		}
+		if strings.Contains(text, key) {
+			t.Fatalf("the error carries the key:\n%s", text)
+		}
+	})
+	t.Run("CredentialsInURLRefused", func(t *testing.T) {
+		_, err := payloadstore.Open(ctx, "s3://AKIA:secret@bucket/p", payloadstore.Options{})
+		if err == nil || strings.Contains(err.Error(), "secret") {
+			t.Fatalf("Open with user info in the URL: %v, want a refusal that does not echo it", err)
+		}
+	})
+}
+
+// TestOpenInChild is run by TestCloudStartupErrors in a child process (with
+// FERRY_TEST_OPEN_URL set) to open a store under another environment; run
+// directly, it has nothing to do.
+func TestOpenInChild(t *testing.T) {
+	raw := os.Getenv("FERRY_TEST_OPEN_URL")
+	if raw == "" {
+		t.Skip("only run as a child of TestCloudStartupErrors")
+	}
+	s, err := payloadstore.Open(context.Background(), raw, payloadstore.Options{})
+	if err != nil {
+		fmt.Printf("OPEN-FAILED retryable=%v: %v\n", payloadstore.IsRetryable(err), err)
+		return
+	}
+	s.Close()
+	fmt.Println("OPEN-OK")
+}
