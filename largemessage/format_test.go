@@ -291,7 +291,7 @@ func TestFormatDocExampleRecord(t *testing.T) {
 	}
 	v1 := fv.valid[0]
 	const id = "3f2c6d1e-8a4b-4c5d-9e7f-0a1b2c3d4e5f"
-	if !strings.HasSuffix(v1.ref.FullPayloadPath, "/orders/"+id) || len(v1.enc) != 99 {
+	if !strings.HasSuffix(v1.ref.FullPayloadPath, "/orders/0f/"+id) || len(v1.enc) != 102 {
 		t.Fatalf("V1 is not the example's reference: %+v (%d bytes)", v1.ref, len(v1.enc))
 	}
 
@@ -331,7 +331,7 @@ func TestFormatDocExampleRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := largemessage.PayloadReferenceValue{
-		FullPayloadPath:   string(fs.Root()) + "/orders/" + id,
+		FullPayloadPath:   string(fs.Root()) + "/orders/0f/" + id, // 0f: SHA-256(id)'s first byte
 		PayloadStoreClass: v1.ref.PayloadStoreClass,
 	}
 	if ref != want {

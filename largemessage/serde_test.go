@@ -303,7 +303,7 @@ func TestLargeKeyOffloadedByContentID(t *testing.T) {
 				t.Fatal("markers wrong")
 			}
 			ref := checkSide(t, e, r, true, key)
-			if !strings.HasSuffix(ref.FullPayloadPath, "/orders/"+hexSum(key)) {
+			if !strings.HasSuffix(ref.FullPayloadPath, "/"+hexSum(key)) || !strings.Contains(ref.FullPayloadPath, "/orders/") {
 				t.Fatalf("key path %q is not the content id", ref.FullPayloadPath)
 			}
 		}
@@ -907,13 +907,22 @@ func TestCustomMetadata(t *testing.T) {
 		if len(ms.published) != 1 {
 			t.Fatalf("published %d objects, want 1", len(ms.published))
 		}
-		name := filepath.Join(dir, "meta", ms.published[0][strings.LastIndexByte(ms.published[0], '/')+1:])
+		name := strings.TrimPrefix(ms.published[0], "file://")
+		if !strings.HasPrefix(name, filepath.Join(dir, "meta")+"/") {
+			t.Fatalf("published %q, not under the topic folder", ms.published[0])
+		}
 		if _, err := os.Stat(name); !errors.Is(err, fs.ErrNotExist) {
 			t.Fatalf("the uploaded object %s still exists (stat: %v)", name, err)
 		}
-		ents, _ := os.ReadDir(filepath.Join(dir, "meta"))
-		if len(ents) != 0 {
-			t.Fatalf("the topic folder still holds %d entries", len(ents))
+		var files []string
+		filepath.WalkDir(filepath.Join(dir, "meta"), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				files = append(files, p)
+			}
+			return nil
+		})
+		if len(files) != 0 {
+			t.Fatalf("the topic folder still holds %v", files)
 		}
 	})
 }

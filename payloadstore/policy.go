@@ -89,7 +89,7 @@ func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error
 		}
 		if !IsRetryable(err) || attempt >= p.RetryCount {
 			if attempt > 0 {
-				err = fmt.Errorf("after %d attempts: %w", attempt+1, err)
+				err = fmt.Errorf("after %s: %w", attempts(attempt+1), err)
 			}
 			return zero, err
 		}
@@ -101,7 +101,7 @@ func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return zero, fmt.Errorf("after %d attempts, large.message.payload.store.timeout.ms ran out: %w", attempt+1, errors.Join(err, ctx.Err()))
+			return zero, fmt.Errorf("after %s, large.message.payload.store.timeout.ms ran out: %w", attempts(attempt+1), errors.Join(err, ctx.Err()))
 		case <-t.C:
 		}
 		backoff *= 2
@@ -198,4 +198,11 @@ func (b *hashingBody) Seek(off int64, whence int) (int64, error) {
 		b.n = 0
 	}
 	return pos, err
+}
+
+func attempts(n int) string {
+	if n == 1 {
+		return "1 attempt"
+	}
+	return fmt.Sprintf("%d attempts", n)
 }

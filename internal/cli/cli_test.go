@@ -253,7 +253,7 @@ func TestConsumeMissingPayload(t *testing.T) {
 		t.Fatalf("produce: exit %d", r.code)
 	}
 	// Remove the payload, as a store TTL would.
-	objs, _ := filepath.Glob(filepath.Join(storeDir, "t", "*"))
+	objs, _ := filepath.Glob(filepath.Join(storeDir, "t", "*", "*")) // <topic>/<shard>/<id>
 	if len(objs) != 1 {
 		t.Fatalf("store objects %v", objs)
 	}
