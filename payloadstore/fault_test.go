@@ -312,3 +312,97 @@ func TestOpenInChild(t *testing.T) {
 	s.Close()
 	fmt.Println("OPEN-OK")
 }
+
+// viaProxy opens the same bucket prefix as rawURL, once directly and once
+// through a fault proxy in front of the store's server, for each cloud.
+func viaProxyFor(t *testing.T, kind string) (direct, via payloadstore.PayloadStore, fp *faultproxy.Proxy) {
+	t.Helper()
+	var raw, upstream string
+	switch kind {
+	case "s3":
+		raw, upstream = s3URL(t, "ferry-faults"), os.Getenv("FERRY_S3_ENDPOINT")
+	case "gs":
+		raw, upstream = gcsURL(t, "ferry-faults"), "http://"+os.Getenv("STORAGE_EMULATOR_HOST")
+	case "azblob":
+		raw, upstream = azureURL(t, "ferry-faults"), "http://"+os.Getenv("AZURE_STORAGE_DOMAIN")
+	}
+	fp, err := faultproxy.New(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fp.Close)
+	direct = openURL(t, raw)
+	u, _ := url.Parse(raw)
+	q := u.Query()
+	switch kind {
+	case "s3":
+		q.Set("endpoint", fp.URL())
+	case "gs":
+		// The GCS client reads the emulator address when a bucket is
+		// opened.
+		fp.SetRewriteHost(true) // fake-gcs-server routes by Host
+		old := os.Getenv("STORAGE_EMULATOR_HOST")
+		os.Setenv("STORAGE_EMULATOR_HOST", fp.Addr())
+		defer os.Setenv("STORAGE_EMULATOR_HOST", old)
+	case "azblob":
+		q.Set("domain", fp.Addr())
+	}
+	u.RawQuery = q.Encode()
+	// The GCS client retries connection errors until its context ends, so
+	// the timeout bounds how long a "down" case takes.
+	via = payloadstore.Wrap(openURL(t, u.String()), fastPolicyFor(8*time.Second))
+	return direct, via, fp
+}
+
+// The faults of the S3 tests above, for every cloud store: down during
+// upload and download, and throttling.
+func TestCloudFaultsEveryStore(t *testing.T) {
+	ctx := context.Background()
+	for _, kind := range []string{"s3", "gs", "azblob"} {
+		t.Run(kind, func(t *testing.T) {
+			direct, via, fp := viaProxyFor(t, kind)
+			data := randPayload(t, 256<<10)
+
+			fp.Set(faultproxy.Down, -1)
+			if _, err := payloadstore.PublishBytes(ctx, via, "orders", data); !payloadstore.IsRetryable(err) {
+				t.Fatalf("publish while down: %v, want a retryable error", err)
+			}
+			fp.Set(faultproxy.Pass, -1)
+			if left := listAll(t, direct, "orders"); len(left) != 0 {
+				t.Fatalf("a failed upload left objects: %v", left)
+			}
+
+			resp, err := payloadstore.PublishBytes(ctx, direct, "orders", data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fp.Set(faultproxy.Down, -1)
+			_, err = payloadstore.DownloadBytes(ctx, via, resp.FullPayloadPath)
+			if err == nil || errors.Is(err, payloadstore.ErrPayloadNotFound) || !payloadstore.IsRetryable(err) {
+				t.Fatalf("download while down: %v, want retryable and not ErrPayloadNotFound", err)
+			}
+
+			fp.SetThrottleStatus(http.StatusServiceUnavailable)
+			fp.Set(faultproxy.Throttle, 2)
+			got, err := payloadstore.DownloadBytes(ctx, via, resp.FullPayloadPath)
+			if err != nil || !bytes.Equal(got, data) {
+				for _, r := range fp.Requests() {
+					t.Logf("%v %s %s", r.Mode, r.Method, r.Path)
+				}
+				t.Fatalf("download after 2 throttled requests: %v", err)
+			}
+			if n := fp.Count(faultproxy.Throttle); n != 2 {
+				t.Fatalf("%d requests throttled, want 2", n)
+			}
+			fp.SetThrottleStatus(http.StatusTooManyRequests)
+			fp.Set(faultproxy.Throttle, 2)
+			resp2, err := payloadstore.PublishBytes(ctx, via, "orders", data)
+			if err != nil {
+				t.Fatalf("publish after 2 throttled (429) requests: %v", err)
+			}
+			if got, err := payloadstore.DownloadBytes(ctx, direct, resp2.FullPayloadPath); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("object published through throttling: %v", err)
+			}
+		})
+	}
+}

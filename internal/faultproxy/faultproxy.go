@@ -42,6 +42,9 @@ type Proxy struct {
 	upstream *url.URL
 	rp       *httputil.ReverseProxy
 	done     chan struct{}
+	// rewriteHost: send the upstream's own Host header (servers that route
+	// by Host, such as fake-gcs-server, need it; signed requests must not).
+	rewriteHost bool
 
 	mu       sync.Mutex
 	mode     Mode
@@ -70,7 +73,15 @@ func New(upstream string) (*Proxy, error) {
 	}
 	p := &Proxy{upstream: u, budget: -1, done: make(chan struct{})}
 	p.rp = httputil.NewSingleHostReverseProxy(u)
-	p.rp.ErrorLog = nil
+	director := p.rp.Director
+	p.rp.Director = func(r *http.Request) {
+		director(r)
+		p.mu.Lock()
+		if p.rewriteHost {
+			r.Host = u.Host
+		}
+		p.mu.Unlock()
+	}
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
 	return p, nil
 }
@@ -101,6 +112,11 @@ func (p *Proxy) Set(mode Mode, n int) {
 
 // SetThrottleStatus sets the HTTP status Throttle answers with (503 or 429).
 func (p *Proxy) SetThrottleStatus(code int) { p.mu.Lock(); p.status = code; p.mu.Unlock() }
+
+// SetRewriteHost makes the proxy send the upstream's host in the Host
+// header instead of the client's (for servers that route by Host and check
+// no signature over it, such as fake-gcs-server).
+func (p *Proxy) SetRewriteHost(on bool) { p.mu.Lock(); p.rewriteHost = on; p.mu.Unlock() }
 
 // SetDelay sets how long Slow waits.
 func (p *Proxy) SetDelay(d time.Duration) { p.mu.Lock(); p.delay = d; p.mu.Unlock() }
