@@ -60,8 +60,8 @@ import (
 // Options.GraceSet is false: one day.
 const DefaultGrace = 24 * time.Hour
 
-// Read-loop bounds: a poll waits at most pollTimeout; after maxIdlePolls polls
-// in a row that bring nothing, the read fails.
+// Read-loop bounds: a poll waits at most pollTimeout; when maxIdlePolls poll
+// timeouts pass without a record of a pending partition, the read fails.
 const (
 	pollTimeout  = 10 * time.Second
 	maxIdlePolls = 3
@@ -339,7 +339,7 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 			return nil, 0, fmt.Errorf("gc: kafka client to read topic %s: %w", topic, err)
 		}
 		defer rc.Close()
-		idle := 0
+		lastProgress := time.Now()
 		for len(pending) > 0 {
 			pctx, cancel := context.WithTimeout(ctx, pollTimeout)
 			fs := rc.PollFetches(pctx)
@@ -366,6 +366,9 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 				pending[r.Partition] = r.Offset + 1
 				if r.Offset >= spans[r.Partition].end-1 {
 					delete(pending, r.Partition)
+					// Records produced since the run began are not
+					// wanted: stop fetching them.
+					rc.PauseFetchPartitions(map[string][]int32{topic: {r.Partition}})
 				}
 				if r.Offset >= spans[r.Partition].end || r.Attrs.IsControl() {
 					continue
@@ -376,11 +379,11 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 				}
 			}
 			if progressed {
-				idle = 0
+				lastProgress = time.Now()
 				progress(read)
 				continue
 			}
-			if idle++; idle >= maxIdlePolls {
+			if time.Since(lastProgress) >= maxIdlePolls*pollTimeout {
 				p, next := firstPending(pending)
 				return nil, read, fmt.Errorf("gc: reading topic %s stalled at partition %d offset %d (end %d): no progress for %s; nothing deleted",
 					topic, p, next, spans[p].end, time.Duration(maxIdlePolls)*pollTimeout)
