@@ -418,3 +418,27 @@ func TestCLIGC(t *testing.T) {
 		t.Fatalf("no --topic: exit %d, want %d", code, cli.ExitUsage)
 	}
 }
+
+// The producer wrote references through one path of a file store and gc
+// opens the same directory through another (a symlink, as another mount
+// point would be): referenced objects are still recognised and kept.
+func TestGCStoreThroughAnotherPath(t *testing.T) {
+	dir := t.TempDir()
+	e := storeEnv(t, "file://"+dir)
+	topic := newTopic(t, nil)
+	rec := &kgo.Record{Topic: topic, Value: randomBytes(1201, 5000)}
+	produceOK(t, e, rec)
+	orphan, _ := orphans(t, e.store, topic, 1300, 1)
+	link := t.TempDir() + "/mounted-elsewhere"
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	other := storeEnv(t, "file://"+link)
+	sum := collect(t, other, lifecycle.Options{Topic: topic, Now: func() time.Time { return time.Now().Add(48 * time.Hour) }})
+	if sum.Referenced != 1 || sum.Deleted != 1 || !strings.HasPrefix(sum.Candidates[0].FullPath, "file://"+link+"/") {
+		t.Fatalf("summary %+v: want the referenced object kept and the orphan deleted", sum)
+	}
+	if !exists(t, e.store, valuePath(t, rec)) || exists(t, e.store, orphan[0]) {
+		t.Fatal("gc through another path deleted the referenced object or kept the orphan")
+	}
+}

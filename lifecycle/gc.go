@@ -28,6 +28,10 @@
 //     not read past (its payloads are newer than the grace anyway, by the rule
 //     above). A read that does not complete is an error and nothing is
 //     deleted.
+//   - References and listed objects are matched on the object's name
+//     "<topic>/<shard>/<id>", not on the whole full path, so a reference
+//     written through another spelling of the store's root still keeps its
+//     object; a reference into another store is otherwise ignored.
 //   - A record marked large-message (or large-message-key) whose reference
 //     does not decode stops the run with an error naming its topic, partition
 //     and offset: Collect never deletes when it cannot tell what is live.
@@ -105,7 +109,9 @@ type Summary struct {
 	Compacted bool
 	// RecordsRead counts the records read (control records excluded).
 	RecordsRead int64
-	// LiveReferences counts the distinct full paths live records reference.
+	// LiveReferences counts the distinct objects live records reference
+	// (matched on "<topic>/<shard>/<id>", whatever store root the
+	// reference names).
 	LiveReferences int
 	// Listed counts the objects under the topic's prefix.
 	Listed int
@@ -207,7 +213,7 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 		if err := ctx.Err(); err != nil {
 			return sum, err
 		}
-		if _, ok := live[oi.FullPath]; ok {
+		if _, ok := live[objectName(oi.FullPath)]; ok {
 			sum.Referenced++
 		} else if o.DryRun {
 			sum.Candidates = append(sum.Candidates, oi)
@@ -309,8 +315,15 @@ type pkey struct {
 }
 
 // readLive reads every partition of topic from its start to its last stable
-// offset and returns the set of live full paths and the number of records
-// read.
+// offset and returns the set of live object names (objectName) and the
+// number of records read.
+//
+// A partition is done once a record (control records included, which is why
+// they are kept) at or past its end-1 is seen. If the record at end-1 is
+// an aborted one whose abort marker lies past the end (transactions
+// interleaved with one still open when the run began), the partition is done
+// only when a later record arrives; if none does within the stall bound, the
+// run fails and deletes nothing.
 func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic string, compacted bool, progress func(int64)) (map[string]struct{}, int64, error) {
 	spans, err := bounds(ctx, adm, topic)
 	if err != nil {
@@ -392,10 +405,30 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 	}
 	for _, path := range latest {
 		if path != "" {
-			live[path] = struct{}{}
+			live[objectName(path)] = struct{}{}
 		}
 	}
 	return live, read, nil
+}
+
+// objectName is the part of a full path that names the object within any
+// store: its last three segments, "<topic>/<shard>/<id>" (docs/FORMAT.md).
+// Live references and listed objects are matched on it rather than on the
+// whole path, so that a reference written through another spelling of the
+// same store's root (a file store mounted at another directory, a bucket
+// reached through another endpoint) still keeps its object. A reference into
+// another store can at worst keep an object with the same name here; it
+// never makes one deletable.
+func objectName(fullPath string) string {
+	i := len(fullPath)
+	for range 3 {
+		j := strings.LastIndexByte(fullPath[:i], '/')
+		if j < 0 {
+			return fullPath
+		}
+		i = j
+	}
+	return fullPath[i+1:]
 }
 
 func firstPending(pending map[int32]int64) (int32, int64) {
@@ -416,7 +449,7 @@ func addRecord(r *kgo.Record, compacted bool, live map[string]struct{}, latest m
 		if err != nil {
 			return corrupt(r, "key", err)
 		}
-		live[ref.FullPayloadPath] = struct{}{}
+		live[objectName(ref.FullPayloadPath)] = struct{}{}
 	}
 	valuePath := ""
 	if largemessage.IsOffloaded(r) {
@@ -433,7 +466,7 @@ func addRecord(r *kgo.Record, compacted bool, live map[string]struct{}, latest m
 		return nil
 	}
 	if valuePath != "" {
-		live[valuePath] = struct{}{}
+		live[objectName(valuePath)] = struct{}{}
 	}
 	return nil
 }

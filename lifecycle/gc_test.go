@@ -145,3 +145,18 @@ func TestCollectBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestObjectName(t *testing.T) {
+	for in, want := range map[string]string{
+		"file:///var/ferry/orders/3f/abc":       "orders/3f/abc",
+		"file:///mnt/other/ferry/orders/3f/abc": "orders/3f/abc",
+		"s3://bucket/prefix/orders/3f/abc":      "orders/3f/abc",
+		"s3://bucket/orders/3f/abc":             "orders/3f/abc",
+		"x/y":                                   "x/y",
+		"":                                      "",
+	} {
+		if got := lifecycle.ObjectName(in); got != want {
+			t.Errorf("ObjectName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
