@@ -1,5 +1,5 @@
-// Package cli is the ferry command: "ferry produce", "ferry consume" and
-// "ferry demo" over package largemessage (KIP-1159 large messages on
+// Package cli is the ferry command: "ferry produce", "ferry consume",
+// "ferry gc" and "ferry demo" over package largemessage (KIP-1159 large messages on
 // franz-go). Run is the whole command as a function, for tests.
 package cli
 
@@ -101,7 +101,7 @@ max.request.size and the large.message.* keys).`,
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
 	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErrorf("%v", err) })
-	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand())
+	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand(), a.gcCommand())
 	for _, c := range root.Commands() {
 		c.SilenceUsage, c.SilenceErrors = true, true
 	}

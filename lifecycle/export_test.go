@@ -1,0 +1,4 @@
+package lifecycle
+
+// ObjectName exports objectName to the tests.
+var ObjectName = objectName
