@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -140,7 +139,10 @@ func buildFerry(t *testing.T) string {
 	return bin
 }
 
-// runFerry runs the ferry binary and returns its peak resident memory.
+// runFerry runs the ferry binary and returns its peak resident memory in
+// bytes: the largest VmHWM read from /proc/PID/status while it runs. (The
+// rusage of wait4 would not do: Linux carries the parent's high-water mark
+// into a child across exec, so it reports the test binary's own peak.)
 func runFerry(t *testing.T, bin string, args ...string) (maxRSS int64, stdout string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -148,14 +150,43 @@ func runFerry(t *testing.T, bin string, args ...string) (maxRSS int64, stdout st
 	cmd := exec.CommandContext(ctx, bin, args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	peak := make(chan int64)
+	go func() {
+		var max int64
+		status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if b, err := os.ReadFile(status); err == nil {
+				for _, line := range strings.Split(string(b), "\n") {
+					var kib int64
+					if _, err := fmt.Sscanf(line, "VmHWM: %d kB", &kib); err == nil && kib*1024 > max {
+						max = kib * 1024
+					}
+				}
+			}
+			select {
+			case <-done:
+				peak <- max
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	maxRSS = <-peak
+	if err != nil {
 		t.Fatalf("ferry %s: %v\n%s", args[0], err, errb.String())
 	}
-	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if !ok {
-		t.Fatal("no rusage")
+	if maxRSS == 0 {
+		t.Fatal("could not read the command's VmHWM from /proc")
 	}
-	return ru.Maxrss * 1024, out.String() // Linux reports KiB
+	return maxRSS, out.String()
 }
 
 // `ferry produce` then `ferry consume` move a 1 GiB file through the real
