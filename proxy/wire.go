@@ -92,33 +92,34 @@ var (
 	ErrUnsupportedVersion = errors.New("API version not supported by the proxy's codec")
 )
 
-// maxKey is one past the largest API key kmsg knows.
-var maxKey int16
+// maxKey is one past the largest API key kmsg knows; flexible[key][version]
+// reports whether kmsg encodes that request version as flexible, and
+// len(flexible[key]) is kmsg's max version + 1 (0 for keys kmsg does not
+// know). Both are package variables initialized before anything that uses
+// them (apiNames).
+var maxKey, flexible = codecTable()
 
-// flexible[key][version] reports whether kmsg encodes that request version
-// as flexible; len(flexible[key]) is kmsg's max version + 1 (0 for keys kmsg
-// does not know).
-var flexible [][]bool
-
-func init() {
+func codecTable() (int16, [][]bool) {
+	var n int16
 	for k := int16(0); k < 1024; k++ {
 		if kmsg.RequestForKey(k) != nil {
-			maxKey = k + 1
+			n = k + 1
 		}
 	}
-	flexible = make([][]bool, maxKey)
-	for k := int16(0); k < maxKey; k++ {
+	fl := make([][]bool, n)
+	for k := int16(0); k < n; k++ {
 		req := kmsg.RequestForKey(k)
 		if req == nil {
 			continue
 		}
-		fl := make([]bool, req.MaxVersion()+1)
-		for v := range fl {
+		f := make([]bool, req.MaxVersion()+1)
+		for v := range f {
 			req.SetVersion(int16(v))
-			fl[v] = req.IsFlexible()
+			f[v] = req.IsFlexible()
 		}
-		flexible[k] = fl
+		fl[k] = f
 	}
+	return n, fl
 }
 
 // CodecMaxVersion returns the largest version of key that kmsg encodes and
