@@ -60,6 +60,9 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultShutdownTimeout bounds the drain on shutdown (shutdown.timeout.ms).
+const DefaultShutdownTimeout = 30 * time.Second
+
 // TLSConfig is one side's TLS settings; PEM files.
 type TLSConfig struct {
 	Enabled bool   // `enabled`
@@ -88,7 +91,7 @@ func (c *Config) setDefaults() {
 		c.DialTimeout = 10 * time.Second
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 30 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 }
 
