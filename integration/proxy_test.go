@@ -150,9 +150,16 @@ func proxyClient(t testing.TB, bootstrap string, scan *portScanner, opts ...kgo.
 // reads them back through a second client of the proxy.
 func produceConsume(t *testing.T, bootstrap string, scan *portScanner, n int, prodOpts ...kgo.Opt) {
 	t.Helper()
+	produceConsumeWith(t, bootstrap, scan, n, nil, prodOpts...)
+}
+
+// produceConsumeWith is produceConsume with options for every client
+// (e.g. TLS).
+func produceConsumeWith(t *testing.T, bootstrap string, scan *portScanner, n int, common []kgo.Opt, prodOpts ...kgo.Opt) {
+	t.Helper()
 	ctx := ctxT(t, 2*time.Minute)
-	topic := createTopicVia(t, bootstrap, scan)
-	prod := proxyClient(t, bootstrap, scan, append([]kgo.Opt{kgo.DefaultProduceTopic(topic)}, prodOpts...)...)
+	topic := createTopicVia(t, bootstrap, scan, common...)
+	prod := proxyClient(t, bootstrap, scan, append(append([]kgo.Opt{kgo.DefaultProduceTopic(topic)}, common...), prodOpts...)...)
 	var want [][]byte
 	for i := range n {
 		v := randomBytes(uint64(i), 1024)
@@ -161,7 +168,8 @@ func produceConsume(t *testing.T, bootstrap string, scan *portScanner, n int, pr
 			t.Fatalf("produce %d through the proxy: %v", i, err)
 		}
 	}
-	cons := proxyClient(t, bootstrap, scan, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cons := proxyClient(t, bootstrap, scan, append([]kgo.Opt{kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, common...)...)
 	var got [][]byte
 	for len(got) < n {
 		fs := cons.PollFetches(ctx)
@@ -181,9 +189,9 @@ func produceConsume(t *testing.T, bootstrap string, scan *portScanner, n int, pr
 }
 
 // createTopicVia creates a topic through the proxy with kadm.
-func createTopicVia(t testing.TB, bootstrap string, scan *portScanner) string {
+func createTopicVia(t testing.TB, bootstrap string, scan *portScanner, opts ...kgo.Opt) string {
 	t.Helper()
-	adm := kadm.NewClient(proxyClient(t, bootstrap, scan))
+	adm := kadm.NewClient(proxyClient(t, bootstrap, scan, opts...))
 	name := fmt.Sprintf("ferry-proxy-%s-%d-%d", strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-")),
 		time.Now().UnixNano()%1e6, topicSeq.Add(1))
 	resp, err := adm.CreateTopic(ctxT(t, 30*time.Second), 1, 1, nil, name)
