@@ -279,32 +279,46 @@ func TestProxyShutdownDrainsInFlight(t *testing.T) {
 // cleanup.
 func ownBroker(t *testing.T) (addr string, restart func()) {
 	t.Helper()
+	env := ownBrokerEnv(t)
+	return env["FERRY_KAFKA_BROKERS"], func() { kafkaBrokerScript(t, env["FERRY_KAFKA_STATE"], "restart") }
+}
+
+// ownBrokerEnv starts a broker of its own (extra environment: "K=V") and
+// returns the FERRY_KAFKA_* variables it exported, plus FERRY_KAFKA_STATE.
+func ownBrokerEnv(t *testing.T, extra ...string) map[string]string {
+	t.Helper()
 	brokers(t) // same skip rule as the shared broker
 	state := t.TempDir()
-	script := "../scripts/kafka-broker"
-	run := func(verb string) string {
-		cmd := exec.Command(script, verb)
-		cmd.Env = append(os.Environ(), "FERRY_KAFKA_STATE="+state, "FERRY_KAFKA_WATCH_PID="+strconv.Itoa(os.Getpid()))
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("kafka-broker %s: %v\n%s", verb, err, stderr.String())
-		}
-		return string(out)
-	}
-	out := run("start")
-	t.Cleanup(func() { run("stop") })
+	out := kafkaBrokerScript(t, state, "start", extra...)
+	t.Cleanup(func() { kafkaBrokerScript(t, state, "stop") })
+	env := map[string]string{"FERRY_KAFKA_STATE": state}
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "export FERRY_KAFKA_BROKERS="); ok {
-			addr = v
+		if kv, ok := strings.CutPrefix(sc.Text(), "export "); ok {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
 		}
 	}
-	if addr == "" {
+	if env["FERRY_KAFKA_BROKERS"] == "" {
 		t.Fatalf("no FERRY_KAFKA_BROKERS in %q", out)
 	}
-	return addr, func() { run("restart") }
+	return env
+}
+
+// kafkaBrokerScript runs scripts/kafka-broker VERB with its own state dir
+// and returns its stdout.
+func kafkaBrokerScript(t *testing.T, state, verb string, extra ...string) string {
+	t.Helper()
+	cmd := exec.Command("../scripts/kafka-broker", verb)
+	cmd.Env = append(append(os.Environ(), "FERRY_KAFKA_STATE="+state,
+		"FERRY_KAFKA_WATCH_PID="+strconv.Itoa(os.Getpid())), extra...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kafka-broker %s: %v\n%s", verb, err, stderr.String())
+	}
+	return string(out)
 }
 
 // An upstream broker restart is survived: the proxy closes the clients'
