@@ -52,7 +52,9 @@ func TestProxyCommand(t *testing.T) {
 	defer cancel()
 	var stdout, stderr lockedBuffer
 	done := make(chan int, 1)
-	go func() { done <- RunIO(ctx, []string{"proxy", "--config", cfg}, strings.NewReader(""), &stdout, &stderr) }()
+	go func() {
+		done <- RunIO(ctx, []string{"proxy", "--config", cfg}, strings.NewReader(""), &stdout, &stderr)
+	}()
 
 	re := regexp.MustCompile(`bootstrap (\S+) `)
 	var bootstrap string
