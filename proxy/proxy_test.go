@@ -1,0 +1,185 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// These tests run the proxy in front of franz-go's in-process Kafka (kfake)
+// for what one real broker cannot show: several brokers, a broker added
+// later, partition leadership moving (KIP-951 endpoints in Produce
+// responses). The real-broker tests are in integration/.
+
+type recorder struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (r *recorder) dial(ctx context.Context, network, host string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	return &recConn{Conn: c, r: r}, nil
+}
+
+type recConn struct {
+	net.Conn
+	r *recorder
+}
+
+func (c *recConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.r.mu.Lock()
+	c.r.b.Write(p[:n])
+	c.r.mu.Unlock()
+	return n, err
+}
+
+func freePort(t *testing.T, n int) int {
+	t.Helper()
+	// A base port whose next n ports are free now (best effort).
+	for range 20 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if base+n > 65535 {
+			continue
+		}
+		ok := true
+		for i := range n {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+func TestProxyBrokersDeterministicPortsAndLaterBrokers(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(2), kfake.SeedTopics(4, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	base := freePort(t, 8)
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", BrokerPortBase: base,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+
+	rec := &recorder{}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.Dialer(rec.dial), kgo.DefaultProduceTopic("t"),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	brokersIn := func() map[int32]int32 {
+		t.Helper()
+		m, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int32]int32{}
+		for _, b := range m.Brokers {
+			if b.Host != "127.0.0.1" {
+				t.Fatalf("broker %d host %q, want the proxy's 127.0.0.1", b.NodeID, b.Host)
+			}
+			out[b.NodeID] = b.Port
+		}
+		return out
+	}
+	got := brokersIn()
+	if len(got) != 2 {
+		t.Fatalf("brokers %v, want 2", got)
+	}
+	for id, port := range got {
+		if port != int32(base)+id {
+			t.Fatalf("broker %d on port %d, want broker.port.base+id = %d", id, port, base+int(id))
+		}
+	}
+
+	// A broker added later gets its listener on the next Metadata.
+	newID, _, err := c.AddNode(-1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = brokersIn()
+	if got[newID] != int32(base)+newID {
+		t.Fatalf("added broker %d: port %d in %v, want %d", newID, got[newID], got, base+int(newID))
+	}
+	conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+int(newID))))
+	if err != nil {
+		t.Fatalf("no listener for the added broker: %v", err)
+	}
+	conn.Close()
+
+	// Leadership moves: the old leader answers NOT_LEADER_OR_FOLLOWER with
+	// the new leader's endpoint (KIP-951), which the proxy rewrites.
+	produce := func(v string) {
+		t.Helper()
+		if err := cl.ProduceSync(ctx, &kgo.Record{Partition: 0, Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce("before")
+	leader := c.LeaderFor("t", 0)
+	target := (leader + 1) % 2
+	if err := c.MoveTopicPartition("t", 0, target); err != nil {
+		t.Fatal(err)
+	}
+	produce("after")
+	if n := testutil.ToFloat64(s.m.rewrites.WithLabelValues("Metadata")); n < 2 {
+		t.Fatalf("Metadata rewrites counted %v", n)
+	}
+	if n := testutil.ToFloat64(s.m.rewrites.WithLabelValues("Produce")); n < 1 {
+		t.Fatalf("no Produce response with KIP-951 endpoints was rewritten (%v)", n)
+	}
+
+	// No byte the client received names a kfake port.
+	rec.mu.Lock()
+	seen := rec.b.Bytes()
+	for _, a := range append(c.ListenAddrs(), "") {
+		_, p, _ := net.SplitHostPort(a)
+		port, _ := strconv.Atoi(p)
+		if port == 0 {
+			continue
+		}
+		if bytes.Contains(seen, []byte(p)) || bytes.Contains(seen, binary.BigEndian.AppendUint32(nil, uint32(port))) {
+			t.Errorf("the client received the real port %d", port)
+		}
+	}
+	rec.mu.Unlock()
+}
