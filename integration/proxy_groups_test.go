@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -339,7 +340,25 @@ func TestProxyBrokerRestart(t *testing.T) {
 		}
 	}
 	produce(0)
+	// An idle connection through the proxy, with its upstream connection
+	// open (one ApiVersions v0 round trip).
+	idle := rawConn(t, s.Addr())
+	apiv0 := []byte{0, 0, 0, 10, 0, 18, 0, 0, 0, 0, 0, 1, 0xff, 0xff}
+	if _, err := idle.Write(apiv0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readRawFrame(idle); err != nil {
+		t.Fatal(err)
+	}
 	restart()
+	// The broker's restart closed the idle upstream connection; the proxy
+	// closed the client's at once, as the broker would have.
+	_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := readRawFrame(idle); err == nil {
+		t.Fatal("the idle connection answered without a request")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("the idle client connection stayed open after its broker restarted")
+	}
 	produce(10)
 	cons := proxyClient(t, s.Addr(), scan, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	var got []string

@@ -228,23 +228,85 @@ func (c *conn) readError(err error) {
 	}
 }
 
-// writeLoop answers queued requests in order.
-func (c *conn) writeLoop() {
-	defer c.close()
+// upstreamFrame is one frame read from the broker, or the error that ended
+// the upstream connection.
+type upstreamFrame struct {
+	frame []byte
+	err   error
+}
+
+// upstreamLoop reads response frames from the broker all the time, so that a
+// broker closing an idle connection (restart, connections.max.idle.ms) is
+// seen at once and the client's connection closes too, as it would have
+// without the proxy.
+func (c *conn) upstreamLoop(frames chan<- upstreamFrame, upClosed chan<- struct{}) {
+	defer close(upClosed)
 	r := readerPool.Get().(*bufio.Reader)
 	r.Reset(c.upstream)
 	defer func() { r.Reset(nil); readerPool.Put(r) }()
-	for f := range c.pending {
+	for {
+		frame, err := ReadFrame(r, c.s.cfg.MaxResponseBytes)
+		select {
+		case frames <- upstreamFrame{frame, err}:
+		case <-c.done:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeLoop answers queued requests in order: each queued request takes the
+// next frame from the broker (Kafka answers in order on a connection).
+func (c *conn) writeLoop() {
+	defer c.close()
+	frames := make(chan upstreamFrame, 16)
+	upClosed := make(chan struct{})
+	go func() {
+		defer c.recoverPanic()
+		c.upstreamLoop(frames, upClosed)
+	}()
+	watch := (<-chan struct{})(upClosed)
+	for {
+		var f *inflight
+		var ok bool
+		select {
+		case f, ok = <-c.pending:
+		case <-watch:
+			watch = nil
+			if len(c.pending) == 0 && len(frames) > 0 {
+				// The broker ended the connection with nothing in flight.
+				uf := <-frames
+				if uf.err != nil && !c.closed() {
+					c.s.m.errors.WithLabelValues("upstream_io").Inc()
+					c.log.Info("the upstream broker closed the connection; closing the client's", "err", uf.err)
+					return
+				}
+				c.fail("upstream_io", "response from the upstream broker without a request", nil)
+				return
+			}
+			continue
+		}
+		if !ok {
+			return
+		}
 		out := f.local
 		if out == nil {
-			frame, err := ReadFrame(r, c.s.cfg.MaxResponseBytes)
-			if err != nil {
+			var uf upstreamFrame
+			select {
+			case uf = <-frames:
+			case <-c.done:
+				return
+			}
+			if uf.err != nil {
 				if !c.closed() {
-					c.fail("upstream_io", "read from the upstream broker failed", err)
+					c.fail("upstream_io", "read from the upstream broker failed", uf.err)
 				}
 				return
 			}
-			out, err = c.response(f, frame)
+			var err error
+			out, err = c.response(f, uf.frame)
 			if err != nil {
 				c.fail("rewrite", "bad response from the upstream broker", err)
 				return
