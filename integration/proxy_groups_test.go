@@ -67,7 +67,7 @@ func TestProxyTransactions(t *testing.T) {
 			t.Fatalf("read_committed consumer got %v, want committed-0..4 only", got)
 		}
 	}
-	scan.check(t, realPorts(t))
+	scan.check(t, realAddrs(t))
 }
 
 // Both group protocols through the proxy, with a rebalance when a second
@@ -206,7 +206,7 @@ func groupRebalance(t *testing.T, proto string) {
 	if members != 2 {
 		t.Fatalf("%s group has %d members, want 2", proto, members)
 	}
-	scan.check(t, realPorts(t))
+	scan.check(t, realAddrs(t))
 }
 
 // Shutdown answers the requests already in flight before closing: a Fetch
@@ -376,9 +376,7 @@ func TestProxyBrokerRestart(t *testing.T) {
 			t.Fatalf("records after the restart: %v", got)
 		}
 	}
-	_, p, _ := strings.Cut(addr, ":")
-	port, _ := strconv.Atoi(p)
-	scan.check(t, []int{port})
+	scan.check(t, []string{addr})
 	m := httpGet(t, "http://"+s.AdminAddr()+"/metrics")
 	if !strings.Contains(m, `ferry_proxy_errors_total{kind="upstream_io"}`) {
 		t.Errorf("/metrics counted no upstream_io error across the restart")

@@ -112,23 +112,46 @@ func (c *scanConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// check fails the test if a real port occurs in what clients received, and
+// check fails the test if a real broker address (host:port) occurs in what
+// clients received, in either form it could take: as text ("127.0.0.1:41115",
+// as in a config value) or as Kafka encodes a broker endpoint (the host
+// string's bytes directly followed by the port as a big-endian int32). It
 // returns the number of bytes scanned.
-func (s *portScanner) check(t testing.TB, ports []int) int {
+func (s *portScanner) check(t testing.TB, addrs []string) int {
+	t.Helper()
+	for _, leak := range s.leaks(t, addrs) {
+		t.Errorf("a response seen by the client contains the real broker %s", leak)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen.Len()
+}
+
+// leaks lists the forms of addrs found in what clients received.
+func (s *portScanner) leaks(t testing.TB, addrs []string) []string {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.seen.Bytes()
-	for _, p := range ports {
-		if bytes.Contains(b, []byte(strconv.Itoa(p))) {
-			t.Errorf("a response seen by the client contains the real broker port %d as text", p)
+	var out []string
+	for _, a := range addrs {
+		host, p, err := net.SplitHostPort(a)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if bytes.Contains(b, binary.BigEndian.AppendUint32(nil, uint32(p))) {
-			t.Errorf("a response seen by the client contains the real broker port %d as an int32", p)
+		port, _ := strconv.Atoi(p)
+		if bytes.Contains(b, []byte(a)) {
+			out = append(out, "address "+a+" as text")
+		}
+		if bytes.Contains(b, binary.BigEndian.AppendUint32([]byte(host), uint32(port))) {
+			out = append(out, "endpoint "+a+" (host string, int32 port)")
 		}
 	}
-	return len(b)
+	return out
 }
+
+// realAddrs returns the real broker addresses (FERRY_KAFKA_BROKERS).
+func realAddrs(t testing.TB) []string { return strings.Split(brokers(t), ",") }
 
 // proxyClient is a franz-go client whose only seed is the proxy; every byte
 // it receives goes through scan.
@@ -215,7 +238,7 @@ func TestProxyProduceConsumeCodecs(t *testing.T) {
 			produceConsume(t, bootstrap, scan, 50, kgo.ProducerBatchCompression(codec.c))
 		})
 	}
-	if n := scan.check(t, realPorts(t)); n == 0 {
+	if n := scan.check(t, realAddrs(t)); n == 0 {
 		t.Fatal("the scanner saw no bytes")
 	}
 }
@@ -312,7 +335,22 @@ func TestProxyRewritesAddresses(t *testing.T) {
 			t.Fatalf("DescribeCluster broker %d has the real port %d", b.NodeID, b.Port)
 		}
 	}
-	scan.check(t, real)
+	scan.check(t, realAddrs(t))
+
+	// Control: the same scan of a client talking to the broker directly
+	// finds the real endpoint, so a clean scan above means something.
+	direct := &portScanner{}
+	dcl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers(t), ",")...), kgo.Dialer(direct.dialer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dcl.Close()
+	if _, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, dcl); err != nil {
+		t.Fatal(err)
+	}
+	if len(direct.leaks(t, realAddrs(t))) == 0 {
+		t.Fatal("the scanner did not find the real endpoint in a direct Metadata response")
+	}
 }
 
 // pinned sends a request at a fixed version through kgo.
