@@ -562,3 +562,85 @@ func TestProxyAcksZero(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Pipelined requests (several written before any response is read) are
+// answered in order with the clients' correlation ids, the rewritten
+// Metadata among them.
+func TestProxyPipelinedInOrder(t *testing.T) {
+	bootstrap := startProxy(t, brokers(t))
+	c := rawConn(t, bootstrap)
+	id := "pipeline"
+	var batch []byte
+	type sent struct {
+		corr int32
+		key  int16
+		ver  int16
+	}
+	var order []sent
+	for i := range 12 {
+		var req kmsg.Request
+		switch i % 3 {
+		case 0:
+			r := kmsg.NewPtrApiVersionsRequest()
+			r.Version = 0
+			req = r
+		case 1:
+			r := kmsg.NewPtrMetadataRequest()
+			r.Version = 12
+			req = r
+		case 2:
+			r := kmsg.NewPtrMetadataRequest()
+			r.Version = 4
+			req = r
+		}
+		corr := int32(1000 + 7*i)
+		frame := binary.BigEndian.AppendUint32(nil, 0)
+		frame = binary.BigEndian.AppendUint16(frame, uint16(req.Key()))
+		frame = binary.BigEndian.AppendUint16(frame, uint16(req.GetVersion()))
+		frame = binary.BigEndian.AppendUint32(frame, uint32(corr))
+		frame = binary.BigEndian.AppendUint16(frame, uint16(len(id)))
+		frame = append(frame, id...)
+		if req.IsFlexible() {
+			frame = append(frame, 0)
+		}
+		frame = req.AppendTo(frame)
+		binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
+		batch = append(batch, frame...)
+		order = append(order, sent{corr, req.Key(), req.GetVersion()})
+	}
+	if _, err := c.Write(batch); err != nil { // all twelve in one write
+		t.Fatal(err)
+	}
+	real := realAddrs(t)
+	for _, want := range order {
+		msg, err := readRawFrame(c)
+		if err != nil {
+			t.Fatalf("response to correlation id %d: %v", want.corr, err)
+		}
+		if corr := int32(binary.BigEndian.Uint32(msg)); corr != want.corr {
+			t.Fatalf("correlation id %d, want %d: out of order", corr, want.corr)
+		}
+		if want.key != 3 {
+			continue
+		}
+		hlen := 4
+		if want.ver >= 9 {
+			hlen = 5 // flexible response header: one empty tagged-field byte
+		}
+		resp := kmsg.NewPtrMetadataResponse()
+		resp.Version = want.ver
+		if err := resp.ReadFrom(msg[hlen:]); err != nil {
+			t.Fatalf("Metadata v%d response does not decode: %v", want.ver, err)
+		}
+		if len(resp.Brokers) == 0 {
+			t.Fatalf("Metadata v%d named no broker", want.ver)
+		}
+		for _, b := range resp.Brokers {
+			for _, a := range real {
+				if net.JoinHostPort(b.Host, strconv.Itoa(int(b.Port))) == a {
+					t.Fatalf("Metadata v%d names the real broker %s", want.ver, a)
+				}
+			}
+		}
+	}
+}
