@@ -439,5 +439,5 @@ func (s *Server) discover(ctx context.Context) {
 	}
 }
 
-// bufPool holds bufio.Readers for connections.
+// readerPool holds the 64 KiB bufio.Readers of connections (client and upstream sides).
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
