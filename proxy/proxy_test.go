@@ -183,3 +183,56 @@ func TestProxyBrokersDeterministicPortsAndLaterBrokers(t *testing.T) {
 	}
 	rec.mu.Unlock()
 }
+
+// Without broker.port.base, node id N listens on the bootstrap port + 1 + N,
+// and a restarted proxy hands out the same addresses.
+func TestProxyDefaultBrokerPortsSurviveRestart(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(2), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := freePort(t, 4)
+	listen := "127.0.0.1:" + strconv.Itoa(p)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ports := func() map[int32]int32 {
+		s, err := New(Config{Upstream: c.ListenAddrs(), Listen: listen, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer s.Shutdown(context.Background())
+		cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		m, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int32]int32{}
+		for _, b := range m.Brokers {
+			out[b.NodeID] = b.Port
+		}
+		return out
+	}
+	first := ports()
+	if len(first) != 2 {
+		t.Fatalf("brokers %v", first)
+	}
+	for id, port := range first {
+		if port != int32(p)+1+id {
+			t.Fatalf("node %d on port %d, want listen port + 1 + id = %d", id, port, p+1+int(id))
+		}
+	}
+	second := ports()
+	for id, port := range first {
+		if second[id] != port {
+			t.Fatalf("after a restart node %d is on %d, was %d", id, second[id], port)
+		}
+	}
+}
