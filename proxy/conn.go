@@ -238,9 +238,10 @@ type upstreamFrame struct {
 // upstreamLoop reads response frames from the broker all the time, so that a
 // broker closing an idle connection (restart, connections.max.idle.ms) is
 // seen at once and the client's connection closes too, as it would have
-// without the proxy.
-func (c *conn) upstreamLoop(frames chan<- upstreamFrame, upClosed chan<- struct{}) {
-	defer close(upClosed)
+// without the proxy. frames is unbuffered: at most two responses of a
+// connection are in the proxy's memory (one here, one in the writer); the
+// rest wait in the broker's socket, as without the proxy.
+func (c *conn) upstreamLoop(frames chan<- upstreamFrame) {
 	r := readerPool.Get().(*bufio.Reader)
 	r.Reset(c.upstream)
 	defer func() { r.Reset(nil); readerPool.Put(r) }()
@@ -261,66 +262,98 @@ func (c *conn) upstreamLoop(frames chan<- upstreamFrame, upClosed chan<- struct{
 // next frame from the broker (Kafka answers in order on a connection).
 func (c *conn) writeLoop() {
 	defer c.close()
-	frames := make(chan upstreamFrame, 16)
-	upClosed := make(chan struct{})
+	frames := make(chan upstreamFrame)
 	go func() {
 		defer c.recoverPanic()
-		c.upstreamLoop(frames, upClosed)
+		c.upstreamLoop(frames)
 	}()
-	watch := (<-chan struct{})(upClosed)
 	for {
-		var f *inflight
-		var ok bool
 		select {
-		case f, ok = <-c.pending:
-		case <-watch:
-			watch = nil
-			if len(c.pending) == 0 && len(frames) > 0 {
-				// The broker ended the connection with nothing in flight.
-				uf := <-frames
-				if uf.err != nil && !c.closed() {
+		case f, ok := <-c.pending:
+			if !ok {
+				return
+			}
+			if !c.answer(f, nil, frames) {
+				return
+			}
+		case uf := <-frames:
+			if uf.err != nil {
+				if c.closed() {
+					return
+				}
+				if len(c.pending) == 0 {
+					// The broker ended the connection with nothing in flight.
 					c.s.m.errors.WithLabelValues("upstream_io").Inc()
 					c.log.Info("the upstream broker closed the connection; closing the client's", "err", uf.err)
 					return
 				}
-				c.fail("upstream_io", "response from the upstream broker without a request", nil)
+				c.fail("upstream_io", "read from the upstream broker failed", uf.err)
 				return
 			}
-			continue
-		}
-		if !ok {
-			return
-		}
-		out := f.local
-		if out == nil {
-			var uf upstreamFrame
-			select {
-			case uf = <-frames:
-			case <-c.done:
-				return
-			}
-			if uf.err != nil {
-				if !c.closed() {
-					c.fail("upstream_io", "read from the upstream broker failed", uf.err)
+			// A response that came before the writer took its request
+			// off the queue: the request is queued already (the reader
+			// queues before it forwards), after any local answers.
+			for {
+				var f *inflight
+				var ok bool
+				select {
+				case f, ok = <-c.pending:
+				default:
 				}
-				return
-			}
-			var err error
-			out, err = c.response(f, uf.frame)
-			if err != nil {
-				c.fail("rewrite", "bad response from the upstream broker", err)
-				return
+				if f == nil || !ok {
+					c.fail("upstream_io", "response from the upstream broker without a request", nil)
+					return
+				}
+				if f.local != nil {
+					if !c.answer(f, nil, frames) {
+						return
+					}
+					continue
+				}
+				if !c.answer(f, &uf, frames) {
+					return
+				}
+				break
 			}
 		}
-		if _, err := c.client.Write(out); err != nil {
-			if !c.closed() {
-				c.fail("client_io", "write to client failed", err)
-			}
-			return
-		}
-		c.s.m.bytesOut.Add(float64(len(out)))
-		c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(time.Since(f.start).Seconds())
 	}
+}
+
+// answer writes the response to f: its local answer, or uf, or the next
+// frame from the broker. It returns false when the connection is done.
+func (c *conn) answer(f *inflight, uf *upstreamFrame, frames <-chan upstreamFrame) bool {
+	out := f.local
+	if out == nil {
+		if uf == nil {
+			select {
+			case u := <-frames:
+				uf = &u
+			case <-c.done:
+				return false
+			}
+		}
+		if uf.err != nil {
+			if !c.closed() {
+				c.fail("upstream_io", "read from the upstream broker failed", uf.err)
+			}
+			return false
+		}
+		var err error
+		out, err = c.response(f, uf.frame)
+		if err != nil {
+			c.fail("rewrite", "bad response from the upstream broker", err)
+			return false
+		}
+	}
+	if _, err := c.client.Write(out); err != nil {
+		if !c.closed() {
+			c.fail("client_io", "write to client failed", err)
+		}
+		return false
+	}
+	c.s.m.bytesOut.Add(float64(len(out)))
+	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(time.Since(f.start).Seconds())
+	return true
 }
 
 // response checks a response frame against its request and returns the
