@@ -47,7 +47,8 @@ type conn struct {
 	done      chan struct{} // closed by close()
 	closeOnce sync.Once
 	draining  atomic.Bool
-	upMu      sync.Mutex // guards upstream's assignment against close()
+	upMu      sync.Mutex  // guards upstream's assignment against close()
+	free      chan []byte // response frames already written, for upstreamLoop to reuse
 }
 
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
@@ -140,8 +141,9 @@ func (c *conn) readLoop() {
 	r := readerPool.Get().(*bufio.Reader)
 	r.Reset(c.client)
 	defer func() { r.Reset(nil); readerPool.Put(r) }()
+	var buf []byte // reused once a request has been forwarded
 	for {
-		frame, err := ReadFrame(r, c.s.cfg.MaxRequestBytes)
+		frame, err := readFrame(r, c.s.cfg.MaxRequestBytes, buf)
 		if err != nil {
 			c.readError(err)
 			return
@@ -187,6 +189,9 @@ func (c *conn) readLoop() {
 				c.fail("upstream_io", "write to the upstream broker failed", err)
 			}
 			return
+		}
+		if cap(frame) <= maxReusedFrame {
+			buf = frame
 		}
 	}
 }
@@ -241,12 +246,17 @@ type upstreamFrame struct {
 // without the proxy. frames is unbuffered: at most two responses of a
 // connection are in the proxy's memory (one here, one in the writer); the
 // rest wait in the broker's socket, as without the proxy.
-func (c *conn) upstreamLoop(frames chan<- upstreamFrame) {
+func (c *conn) upstreamLoop(frames chan<- upstreamFrame, free <-chan []byte) {
 	r := readerPool.Get().(*bufio.Reader)
 	r.Reset(c.upstream)
 	defer func() { r.Reset(nil); readerPool.Put(r) }()
 	for {
-		frame, err := ReadFrame(r, c.s.cfg.MaxResponseBytes)
+		var buf []byte
+		select {
+		case buf = <-free:
+		default:
+		}
+		frame, err := readFrame(r, c.s.cfg.MaxResponseBytes, buf)
 		select {
 		case frames <- upstreamFrame{frame, err}:
 		case <-c.done:
@@ -263,9 +273,10 @@ func (c *conn) upstreamLoop(frames chan<- upstreamFrame) {
 func (c *conn) writeLoop() {
 	defer c.close()
 	frames := make(chan upstreamFrame)
+	c.free = make(chan []byte, 2) // response buffers written to the client, for reuse
 	go func() {
 		defer c.recoverPanic()
-		c.upstreamLoop(frames)
+		c.upstreamLoop(frames, c.free)
 	}()
 	for {
 		select {
@@ -353,6 +364,13 @@ func (c *conn) answer(f *inflight, uf *upstreamFrame, frames <-chan upstreamFram
 	}
 	c.s.m.bytesOut.Add(float64(len(out)))
 	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(time.Since(f.start).Seconds())
+	if uf != nil && cap(uf.frame) <= maxReusedFrame {
+		// Written (out is uf.frame or a fresh encoding of it): reusable.
+		select {
+		case c.free <- uf.frame:
+		default:
+		}
+	}
 	return true
 }
 

@@ -43,6 +43,16 @@ var ErrNegativeSize = errors.New("negative frame size prefix")
 // is above max (nothing past the prefix is read), ErrNegativeSize, or r's
 // error. The buffer is allocated only after the size is checked.
 func ReadFrame(r *bufio.Reader, max int32) ([]byte, error) {
+	return readFrame(r, max, nil)
+}
+
+// maxReusedFrame is the largest frame buffer a connection keeps for the next
+// frame (1 MiB, the default batch size of clients, plus headers); larger
+// frames get a buffer of their own that the GC takes back.
+const maxReusedFrame = 1<<20 + 64<<10
+
+// readFrame is ReadFrame reading into buf when it is large enough.
+func readFrame(r *bufio.Reader, max int32, buf []byte) ([]byte, error) {
 	head, err := r.Peek(4)
 	if err != nil {
 		if errors.Is(err, io.EOF) && len(head) > 0 {
@@ -57,7 +67,12 @@ func ReadFrame(r *bufio.Reader, max int32) ([]byte, error) {
 	if size > max {
 		return nil, fmt.Errorf("%w: %d bytes > %d", ErrFrameTooLarge, size, max)
 	}
-	frame := make([]byte, 4+int(size))
+	var frame []byte
+	if n := 4 + int(size); cap(buf) >= n {
+		frame = buf[:n]
+	} else {
+		frame = make([]byte, n)
+	}
 	if _, err := io.ReadFull(r, frame); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF

@@ -256,3 +256,24 @@ func FuzzReadFrame(f *testing.F) {
 		}
 	})
 }
+
+func TestReadFrameReusesBuffer(t *testing.T) {
+	in := []byte{0, 0, 0, 3, 'a', 'b', 'c', 0, 0, 0, 1, 'z'}
+	r := bufio.NewReader(bytes.NewReader(in))
+	buf := make([]byte, 0, 16)
+	f1, err := readFrame(r, 100, buf)
+	if err != nil || string(f1[4:]) != "abc" || &f1[0] != &buf[:1][0] {
+		t.Fatalf("first frame %q, %v (reused: %v)", f1, err, err == nil && &f1[0] == &buf[:1][0])
+	}
+	f2, err := readFrame(r, 100, nil)
+	if err != nil || string(f2[4:]) != "z" {
+		t.Fatalf("second frame %q, %v", f2, err)
+	}
+	// Too small a buffer is not used.
+	r = bufio.NewReader(bytes.NewReader(in))
+	small := make([]byte, 0, 2)
+	f3, err := readFrame(r, 100, small)
+	if err != nil || string(f3[4:]) != "abc" || cap(f3) < 7 {
+		t.Fatalf("frame with a small buffer %q, %v", f3, err)
+	}
+}
