@@ -46,6 +46,11 @@ type Config struct {
 	// DialTimeout bounds an upstream connect and each TLS handshake
 	// (`dial.timeout.ms`, default 10000).
 	DialTimeout time.Duration
+	// IdleTimeout closes a client connection with nothing in flight and no
+	// frame read or written for that long (`connections.max.idle.ms`,
+	// default 600000 as in Kafka; a partial frame does not count as
+	// activity). Negative: never.
+	IdleTimeout time.Duration
 	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM
 	// (`shutdown.timeout.ms`, default 30000).
 	ShutdownTimeout time.Duration
@@ -92,6 +97,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Minute
 	}
 }
 
@@ -202,7 +210,7 @@ func (t TLSConfig) clientConfig() (*tls.Config, error) {
 // configKeys are the YAML keys LoadConfigFile accepts, flattened with ".".
 var configKeys = []string{
 	"upstream", "listen", "advertised.host", "broker.port.base", "socket.request.max.bytes",
-	"upstream.response.max.bytes", "dial.timeout.ms", "shutdown.timeout.ms", "admin.listen",
+	"upstream.response.max.bytes", "dial.timeout.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "admin.listen",
 	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
@@ -279,6 +287,11 @@ func LoadConfigFile(path string) (Config, error) {
 	c.MaxResponseBytes = int32(num("upstream.response.max.bytes", 1<<31-1))
 	c.DialTimeout = time.Duration(num("dial.timeout.ms", 1<<31-1)) * time.Millisecond
 	c.ShutdownTimeout = time.Duration(num("shutdown.timeout.ms", 1<<31-1)) * time.Millisecond
+	if s := str("connections.max.idle.ms"); s == "-1" {
+		c.IdleTimeout = -1
+	} else {
+		c.IdleTimeout = time.Duration(num("connections.max.idle.ms", 1<<31-1)) * time.Millisecond
+	}
 	c.AdminListen = str("admin.listen")
 	for _, side := range []struct {
 		prefix string

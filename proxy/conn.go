@@ -47,13 +47,16 @@ type conn struct {
 	done      chan struct{} // closed by close()
 	closeOnce sync.Once
 	draining  atomic.Bool
-	upMu      sync.Mutex  // guards upstream's assignment against close()
-	free      chan []byte // response frames already written, for upstreamLoop to reuse
+	upMu      sync.Mutex   // guards upstream's assignment against close()
+	free      chan []byte  // response frames already written, for upstreamLoop to reuse
+	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 }
 
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
-	return &conn{s: s, client: c, nodeID: nodeID, pending: make(chan *inflight, maxInFlight), done: make(chan struct{}),
+	cn := &conn{s: s, client: c, nodeID: nodeID, pending: make(chan *inflight, maxInFlight), done: make(chan struct{}),
 		log: s.log.With("client", c.RemoteAddr().String(), "node", nodeID)}
+	cn.active.Store(time.Now().UnixNano())
+	return cn
 }
 
 // close closes both sides once; safe from any goroutine.
@@ -67,6 +70,12 @@ func (c *conn) close() {
 		}
 		c.upMu.Unlock()
 	})
+}
+
+// idleSince reports whether c has had nothing in flight and no frame read or
+// written since before t.
+func (c *conn) idleSince(t time.Time) bool {
+	return len(c.pending) == 0 && c.active.Load() < t.UnixNano()
 }
 
 // drain stops reading requests; responses still owed are written, then the
@@ -149,6 +158,7 @@ func (c *conn) readLoop() {
 			return
 		}
 		c.s.m.bytesIn.Add(float64(len(frame)))
+		c.active.Store(time.Now().UnixNano())
 		h, err := ParseRequestHeader(frame[4:])
 		if err != nil {
 			if errors.Is(err, ErrUnsupportedVersion) && h.Key == apiVersionsKey {
@@ -363,7 +373,9 @@ func (c *conn) answer(f *inflight, uf *upstreamFrame, frames <-chan upstreamFram
 		return false
 	}
 	c.s.m.bytesOut.Add(float64(len(out)))
-	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(time.Since(f.start).Seconds())
+	now := time.Now()
+	c.active.Store(now.UnixNano())
+	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(now.Sub(f.start).Seconds())
 	if uf != nil && cap(uf.frame) <= maxReusedFrame {
 		// Written (out is uf.frame or a fresh encoding of it): reusable.
 		select {

@@ -23,6 +23,7 @@ type metrics struct {
 	upstreamConnects *prometheus.CounterVec // result: ok|error
 	rewrites         *prometheus.CounterVec // api
 	listeners        prometheus.Gauge
+	idleClosed       prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -48,7 +49,9 @@ func newMetrics() *metrics {
 		Help: "Responses whose broker endpoints were rewritten, by API name."}, []string{"api"})
 	m.listeners = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_proxy_broker_listeners",
 		Help: "Per-broker listeners open now (one per node id seen)."})
-	m.reg.MustRegister(m.connsActive, m.connsTotal, m.requests, m.latency, m.bytesIn, m.bytesOut, m.errors,
+	m.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_idle_connections_closed_total",
+		Help: "Client connections closed after connections.max.idle.ms without a request or response."})
+	m.reg.MustRegister(m.idleClosed, m.connsActive, m.connsTotal, m.requests, m.latency, m.bytesIn, m.bytesOut, m.errors,
 		m.upstreamConnects, m.rewrites, m.listeners,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

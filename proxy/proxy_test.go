@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -234,5 +235,77 @@ func TestProxyDefaultBrokerPortsSurviveRestart(t *testing.T) {
 		if second[id] != port {
 			t.Fatalf("after a restart node %d is on %d, was %d", id, second[id], port)
 		}
+	}
+}
+
+// connections.max.idle.ms: a connection with nothing in flight and no frame
+// for that long is closed (a stalled half frame counts as idle), a busy one
+// is not.
+func TestProxyIdleTimeout(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", IdleTimeout: 800 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	dial := func() net.Conn {
+		cn, err := net.Dial("tcp", s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cn.Close() })
+		return cn
+	}
+	apiVersions := []byte{0, 0, 0, 10, 0, 18, 0, 0, 0, 0, 0, 1, 0xff, 0xff}
+	roundTrip := func(cn net.Conn) error {
+		if _, err := cn.Write(apiVersions); err != nil {
+			return err
+		}
+		_ = cn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var size [4]byte
+		if _, err := io.ReadFull(cn, size[:]); err != nil {
+			return err
+		}
+		_, err := io.CopyN(io.Discard, cn, int64(binary.BigEndian.Uint32(size[:])))
+		return err
+	}
+	closedWithin := func(cn net.Conn, d time.Duration) bool {
+		_ = cn.SetReadDeadline(time.Now().Add(d))
+		_, err := cn.Read(make([]byte, 1))
+		ne, ok := err.(net.Error)
+		return err != nil && !(ok && ne.Timeout())
+	}
+
+	half := dial()
+	if _, err := half.Write(apiVersions[:6]); err != nil { // a frame that never completes
+		t.Fatal(err)
+	}
+	idle := dial()
+	if err := roundTrip(idle); err != nil {
+		t.Fatal(err)
+	}
+	busy := dial()
+	for range 20 { // 2 s of traffic, well past the idle timeout
+		if err := roundTrip(busy); err != nil {
+			t.Fatalf("a busy connection was closed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !closedWithin(half, 3*time.Second) {
+		t.Fatal("a stalled half frame kept its connection open")
+	}
+	if !closedWithin(idle, 3*time.Second) {
+		t.Fatal("an idle connection stayed open")
+	}
+	if n := testutil.ToFloat64(s.m.idleClosed); n < 2 {
+		t.Fatalf("idle closes counted: %v", n)
 	}
 }

@@ -130,7 +130,38 @@ func (s *Server) Start(ctx context.Context) error {
 	s.wg.Add(1)
 	go s.acceptLoop(ln, -1)
 	go s.discover(ctx)
+	if s.cfg.IdleTimeout > 0 {
+		go s.reapIdle()
+	}
 	return nil
+}
+
+// reapIdle closes connections idle for longer than connections.max.idle.ms,
+// as the broker does, until Shutdown.
+func (s *Server) reapIdle() {
+	period := min(s.cfg.IdleTimeout/4, 30*time.Second)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for range t.C {
+		cutoff := time.Now().Add(-s.cfg.IdleTimeout)
+		var idle []*conn
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		for c := range s.conns {
+			if c.idleSince(cutoff) {
+				idle = append(idle, c)
+			}
+		}
+		s.mu.Unlock()
+		for _, c := range idle {
+			s.m.idleClosed.Inc()
+			c.log.Debug("closing an idle connection", "idle_timeout", s.cfg.IdleTimeout)
+			c.close()
+		}
+	}
 }
 
 // Addr returns the bootstrap listener's address.
