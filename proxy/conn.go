@@ -50,6 +50,7 @@ type conn struct {
 	upMu      sync.Mutex   // guards upstream's assignment against close()
 	free      chan []byte  // response frames already written, for upstreamLoop to reuse
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
+	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
 }
 
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
@@ -75,7 +76,7 @@ func (c *conn) close() {
 // idleSince reports whether c has had nothing in flight and no frame read or
 // written since before t.
 func (c *conn) idleSince(t time.Time) bool {
-	return len(c.pending) == 0 && c.active.Load() < t.UnixNano()
+	return c.inFlight.Load() == 0 && c.active.Load() < t.UnixNano()
 }
 
 // drain stops reading requests; responses still owed are written, then the
@@ -207,6 +208,7 @@ func (c *conn) readLoop() {
 }
 
 func (c *conn) enqueue(f *inflight) bool {
+	c.inFlight.Add(1)
 	select {
 	case c.pending <- f:
 		return true
@@ -375,6 +377,7 @@ func (c *conn) answer(f *inflight, uf *upstreamFrame, frames <-chan upstreamFram
 	c.s.m.bytesOut.Add(float64(len(out)))
 	now := time.Now()
 	c.active.Store(now.UnixNano())
+	c.inFlight.Add(-1)
 	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(now.Sub(f.start).Seconds())
 	if uf != nil && cap(uf.frame) <= maxReusedFrame {
 		// Written (out is uf.frame or a fresh encoding of it): reusable.
