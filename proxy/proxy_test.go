@@ -309,3 +309,43 @@ func TestProxyIdleTimeout(t *testing.T) {
 		t.Fatalf("idle closes counted: %v", n)
 	}
 }
+
+// A bootstrap connection goes to the next upstream seed when one does not
+// answer; the failed dial is counted.
+func TestProxySeedFailover(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	s, err := New(Config{Upstream: []string{dead, c.ListenAddrs()[0]}, Listen: "127.0.0.1:0",
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	for i := range 4 { // the seed index rotates: some of these try the dead seed first
+		cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl); err != nil {
+			t.Fatalf("client %d: %v", i, err)
+		}
+		cl.Close()
+	}
+	if n := testutil.ToFloat64(s.m.upstreamConnects.WithLabelValues("error")); n < 1 {
+		t.Fatalf("no failed upstream dial counted (%v)", n)
+	}
+}
