@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
@@ -212,7 +213,7 @@ func groupRebalance(t *testing.T, proto string) {
 // Shutdown answers the requests already in flight before closing: a Fetch
 // that waits at the broker (max wait 3 s) still gets its response.
 func TestProxyShutdownDrainsInFlight(t *testing.T) {
-	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(brokers(t))})
+	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(brokers(t)), AdminListen: "127.0.0.1:0"})
 	topic := createTopicVia(t, s.Addr(), nil)
 	ctx := ctxT(t, time.Minute)
 	cl := proxyClient(t, s.Addr(), nil)
@@ -256,7 +257,29 @@ func TestProxyShutdownDrainsInFlight(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := s.Shutdown(sctx); err != nil {
+	health := "http://" + s.AdminAddr() + "/healthz"
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(sctx) }()
+	// While it drains, /healthz says so (load balancers stop sending).
+	sawDraining := false
+	for !sawDraining {
+		resp, err := http.Get(health)
+		if err != nil {
+			break // the admin listener closes once the drain is over
+		}
+		resp.Body.Close()
+		sawDraining = resp.StatusCode == http.StatusServiceUnavailable
+		select {
+		case <-shut:
+			t.Fatal("shutdown finished before /healthz reported it")
+		default:
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !sawDraining {
+		t.Fatal("/healthz never answered 503 during the drain")
+	}
+	if err := <-shut; err != nil {
 		t.Fatalf("shutdown: %v", err)
 	}
 	r := <-done
