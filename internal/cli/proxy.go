@@ -1,0 +1,107 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferrykit/ferry/proxy"
+)
+
+// proxyCommand is "ferry proxy": the Kafka protocol proxy (package proxy).
+func (a *app) proxyCommand() *cobra.Command {
+	var (
+		configFile, upstream, listen, advertised, admin string
+		portBase                                        int
+		maxRequest                                      int32
+	)
+	cmd := &cobra.Command{
+		Use:   "proxy --upstream HOST:PORT[,HOST:PORT] --listen HOST:PORT",
+		Short: "Run a transparent Kafka protocol proxy in front of a cluster",
+		Long: `ferry proxy listens on a bootstrap address and on one address per broker
+(broker node id N on --broker-port-base + N, by default the --listen port + 1 + N)
+and forwards every request to the upstream cluster. Responses that name brokers
+(Metadata, FindCoordinator, DescribeCluster, KIP-951 leader endpoints) are
+rewritten to the proxy's addresses; everything else passes through untouched.
+
+Settings come from a YAML file (--config, keys in docs/PROXY.md), then from flags.
+SIGTERM or Ctrl-C stops accepting, answers the requests in flight (bounded by
+shutdown.timeout.ms) and exits 0.`,
+		Example: `  ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
+  ferry proxy --config proxy.yaml --admin 127.0.0.1:9644`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg proxy.Config
+			if configFile != "" {
+				c, err := proxy.LoadConfigFile(configFile)
+				if err != nil {
+					return &usageError{err: err}
+				}
+				cfg = c
+			}
+			f := cmd.Flags()
+			if f.Changed("upstream") {
+				cfg.Upstream = proxy.SplitList(upstream)
+			}
+			if f.Changed("listen") || cfg.Listen == "" {
+				cfg.Listen = listen
+			}
+			if f.Changed("advertised-host") {
+				cfg.AdvertisedHost = advertised
+			}
+			if f.Changed("broker-port-base") {
+				cfg.BrokerPortBase = portBase
+			}
+			if f.Changed("admin") {
+				cfg.AdminListen = admin
+			}
+			if f.Changed("socket-request-max-bytes") {
+				cfg.MaxRequestBytes = maxRequest
+			}
+			level := slog.LevelInfo
+			if cmd.Flags().Changed("log-level") {
+				if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
+					return usageErrorf("--log-level %q: want debug, info, warn or error", a.logLevel)
+				}
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			s, err := proxy.New(cfg)
+			if err != nil {
+				return &usageError{err: err}
+			}
+			ctx := cmd.Context()
+			if err := s.Start(ctx); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s -> %v\n", s.Addr(), cfg.Upstream)
+			if s.AdminAddr() != "" {
+				fmt.Fprintf(a.stdout, "ferry proxy: metrics http://%s/metrics\n", s.AdminAddr())
+			}
+			<-ctx.Done()
+			timeout := cfg.ShutdownTimeout
+			if timeout == 0 {
+				timeout = proxy.DefaultShutdownTimeout
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			if err := s.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			} else if err != nil {
+				cfg.Logger.Warn("shutdown drain cut short; connections closed", "timeout", timeout)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&configFile, "config", "", "YAML config `FILE` (keys in docs/PROXY.md); flags override it")
+	f.StringVar(&upstream, "upstream", "", "upstream seed brokers, `HOST:PORT[,HOST:PORT]`")
+	f.StringVar(&listen, "listen", "127.0.0.1:19092", "bootstrap listener `HOST:PORT`")
+	f.StringVar(&advertised, "advertised-host", "", "host clients are told for each broker (default: the listen host)")
+	f.IntVar(&portBase, "broker-port-base", 0, "broker node id N listens on `BASE`+N (default: listen port + 1 + N)")
+	f.StringVar(&admin, "admin", "", "HTTP `HOST:PORT` for /metrics and /healthz (default: none)")
+	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
+	return cmd
+}

@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// "ferry proxy" with a YAML config in front of an in-process Kafka (kfake;
+// the real-broker tests are in integration/): a client produces and
+// consumes through it, and cancelling the context (SIGTERM) exits 0.
+func TestProxyCommand(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cfg := filepath.Join(t.TempDir(), "proxy.yaml")
+	yaml := "upstream:\n  - " + c.ListenAddrs()[0] + "\nlisten: 127.0.0.1:0\nadmin.listen: 127.0.0.1:0\n" +
+		"socket.request.max.bytes: 1048576\nshutdown:\n  timeout.ms: 5000\n"
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- RunIO(ctx, []string{"proxy", "--config", cfg}, strings.NewReader(""), &stdout, &stderr)
+	}()
+
+	re := regexp.MustCompile(`bootstrap (\S+) `)
+	var bootstrap string
+	for deadline := time.Now().Add(30 * time.Second); bootstrap == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m := re.FindStringSubmatch(stdout.String()); m != nil {
+			bootstrap = m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("ferry proxy exited %d early; stderr:\n%s", code, stderr.String())
+		default:
+		}
+	}
+	if bootstrap == "" {
+		t.Fatalf("no bootstrap line; stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(bootstrap), kgo.DefaultProduceTopic("t"), kgo.ConsumeTopics("t"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pctx, pcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer pcancel()
+	if err := cl.ProduceSync(pctx, &kgo.Record{Value: []byte("through the proxy")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var got []*kgo.Record
+	for len(got) == 0 && pctx.Err() == nil {
+		got = append(got, cl.PollFetches(pctx).Records()...)
+	}
+	if len(got) != 1 || string(got[0].Value) != "through the proxy" {
+		t.Fatalf("consumed %v", got)
+	}
+	cl.Close()
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != ExitOK {
+			t.Fatalf("exit %d after SIGTERM; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("ferry proxy did not stop within 20s of SIGTERM")
+	}
+	if !strings.Contains(stderr.String(), "proxy shutting down") {
+		t.Fatalf("no shutdown log line; stderr:\n%s", stderr.String())
+	}
+}
+
+func TestProxyCommandBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("upstream: 127.0.0.1:9092\nlisten: 127.0.0.1:0\nlisten.port: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"proxy"}, // no upstream
+		{"proxy", "--upstream", "no-port"},
+		{"proxy", "--config", filepath.Join(dir, "missing.yaml")},
+		{"proxy", "--config", bad}, // unknown key
+	} {
+		r := run(t, nil, args...)
+		if r.code != ExitUsage || !strings.HasPrefix(r.stderr, "ferry: ") {
+			t.Errorf("ferry %v: exit %d, stderr %q; want exit 2 with a ferry: line", args, r.code, r.stderr)
+		}
+	}
+}

@@ -1,0 +1,323 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+)
+
+// Config is a proxy's configuration. The YAML file keys (LoadConfigFile) are
+// given with each field; docs/PROXY.md has the full table.
+type Config struct {
+	// Upstream lists the seed brokers, host:port (`upstream`: a list or a
+	// comma-separated string). Required.
+	Upstream []string
+	// Listen is the bootstrap listener, host:port (`listen`). Required.
+	// Port 0 picks a free port, and then every broker listener gets a free
+	// port too (for tests: not deterministic).
+	Listen string
+	// AdvertisedHost is the host clients are told for each broker
+	// (`advertised.host`); default: Listen's host, or "localhost" when that
+	// is a wildcard.
+	AdvertisedHost string
+	// BrokerPortBase: broker node id N listens on BrokerPortBase+N
+	// (`broker.port.base`). 0 (default): the bootstrap port + 1 + N.
+	BrokerPortBase int
+	// MaxRequestBytes is socket.request.max.bytes (`socket.request.max.bytes`,
+	// default 104857600): a request whose size prefix is larger closes the
+	// connection without an answer, as the broker does.
+	MaxRequestBytes int32
+	// MaxResponseBytes bounds a response read from a broker
+	// (`upstream.response.max.bytes`, default 1 GiB); larger closes the
+	// connection.
+	MaxResponseBytes int32
+	// DialTimeout bounds an upstream connect and each TLS handshake
+	// (`dial.timeout.ms`, default 10000).
+	DialTimeout time.Duration
+	// IdleTimeout closes a client connection with nothing in flight and no
+	// frame read or written for that long (`connections.max.idle.ms`,
+	// default 600000 as in Kafka; a partial frame does not count as
+	// activity). Negative: never.
+	IdleTimeout time.Duration
+	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM
+	// (`shutdown.timeout.ms`, default 30000).
+	ShutdownTimeout time.Duration
+	// AdminListen is the HTTP address of /metrics and /healthz
+	// (`admin.listen`); empty: none.
+	AdminListen string
+	// ClientTLS is TLS towards clients (`tls.client.*`).
+	ClientTLS TLSConfig
+	// UpstreamTLS is TLS towards brokers (`tls.upstream.*`).
+	UpstreamTLS TLSConfig
+	// Logger receives the proxy's structured logs; nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultShutdownTimeout bounds the drain on shutdown (shutdown.timeout.ms).
+const DefaultShutdownTimeout = 30 * time.Second
+
+// TLSConfig is one side's TLS settings; PEM files.
+type TLSConfig struct {
+	Enabled bool   // `enabled`
+	Cert    string // `cert`: certificate chain (the proxy's own; required on the client side)
+	Key     string // `key`
+	CA      string // `ca`: client side: CAs of client certificates; upstream side: CAs of brokers (default: the system's)
+	// ClientAuth (client side only, `client.auth`): none (default),
+	// requested, or required — Kafka's ssl.client.auth.
+	ClientAuth string
+	// ServerName (upstream side, `server.name`): expected broker name;
+	// default: the host of the address dialed.
+	ServerName string
+	// InsecureSkipVerify (upstream side, `insecure.skip.verify`): no
+	// certificate check. For tests only.
+	InsecureSkipVerify bool
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+}
+
+func (c *Config) listenPortZero() bool {
+	_, p, err := net.SplitHostPort(c.Listen)
+	return err == nil && (p == "0" || p == "")
+}
+
+// Validate reports the first problem in c, naming the key.
+func (c *Config) Validate() error {
+	if len(c.Upstream) == 0 {
+		return errors.New("upstream: at least one broker host:port is required")
+	}
+	for _, u := range c.Upstream {
+		if _, p, err := net.SplitHostPort(u); err != nil || p == "" {
+			return fmt.Errorf("upstream %q: want host:port", u)
+		}
+	}
+	if c.Listen == "" {
+		return errors.New("listen: a host:port is required")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen %q: want host:port", c.Listen)
+	}
+	if c.BrokerPortBase < 0 || c.BrokerPortBase > 65535 {
+		return fmt.Errorf("broker.port.base %d: want 0..65535", c.BrokerPortBase)
+	}
+	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
+		return errors.New("socket.request.max.bytes and upstream.response.max.bytes must be positive")
+	}
+	if c.DialTimeout < 0 || c.ShutdownTimeout < 0 {
+		return errors.New("dial.timeout.ms and shutdown.timeout.ms must not be negative")
+	}
+	if c.ClientTLS.Enabled && (c.ClientTLS.Cert == "" || c.ClientTLS.Key == "") {
+		return errors.New("tls.client: cert and key are required when enabled")
+	}
+	switch c.ClientTLS.ClientAuth {
+	case "", "none", "requested", "required":
+	default:
+		return fmt.Errorf("tls.client.client.auth %q: want none, requested or required", c.ClientTLS.ClientAuth)
+	}
+	if (c.UpstreamTLS.Cert == "") != (c.UpstreamTLS.Key == "") {
+		return errors.New("tls.upstream: cert and key go together")
+	}
+	return nil
+}
+
+func loadCAs(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	return pool, nil
+}
+
+// serverConfig is the TLS config for the client-side listeners (nil when
+// disabled).
+func (t TLSConfig) serverConfig() (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if t.CA != "" {
+		if cfg.ClientCAs, err = loadCAs(t.CA); err != nil {
+			return nil, err
+		}
+	}
+	switch t.ClientAuth {
+	case "requested":
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	case "required":
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// clientConfig is the TLS config for upstream connections (nil when
+// disabled).
+func (t TLSConfig) clientConfig() (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	cfg := &tls.Config{ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify, MinVersion: tls.VersionTLS12} //nolint:gosec // opt-in, for tests
+	var err error
+	if t.CA != "" {
+		if cfg.RootCAs, err = loadCAs(t.CA); err != nil {
+			return nil, err
+		}
+	}
+	if t.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// configKeys are the YAML keys LoadConfigFile accepts, flattened with ".".
+var configKeys = []string{
+	"upstream", "listen", "advertised.host", "broker.port.base", "socket.request.max.bytes",
+	"upstream.response.max.bytes", "dial.timeout.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "admin.listen",
+	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
+	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
+	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
+}
+
+// LoadConfigFile reads a YAML config file with koanf. Keys may be nested
+// (tls: {client: {cert: ...}}) or dotted (socket.request.max.bytes: ...).
+//
+// Errors: an unreadable or malformed file, an unknown key, a value of the
+// wrong type; each names the file and key.
+func LoadConfigFile(path string) (Config, error) {
+	var c Config
+	k := koanf.New(".")
+	if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		return c, fmt.Errorf("config file %s: %w", path, err)
+	}
+	for _, key := range k.Keys() {
+		if !slices.Contains(configKeys, key) {
+			return c, fmt.Errorf("config file %s: unknown key %q (known: %s)", path, key, strings.Join(configKeys, ", "))
+		}
+	}
+	var errs []error
+	str := func(key string) string {
+		v := k.Get(key)
+		switch v := v.(type) {
+		case nil:
+			return ""
+		case string:
+			return v
+		case int, int64, float64, bool:
+			return fmt.Sprint(v)
+		default:
+			errs = append(errs, fmt.Errorf("%s: want a string, got %T", key, v))
+			return ""
+		}
+	}
+	num := func(key string, max int64) int64 {
+		s := str(key)
+		if s == "" {
+			return 0
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 || n > max {
+			errs = append(errs, fmt.Errorf("%s %q: want an integer 0..%d", key, s, max))
+		}
+		return n
+	}
+	boolean := func(key string) bool {
+		s := str(key)
+		if s == "" {
+			return false
+		}
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want true or false", key, s))
+		}
+		return b
+	}
+	switch v := k.Get("upstream").(type) {
+	case nil:
+	case string:
+		c.Upstream = SplitList(v)
+	case []any:
+		for _, e := range v {
+			c.Upstream = append(c.Upstream, strings.TrimSpace(fmt.Sprint(e)))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("upstream: want a list or a comma-separated string, got %T", v))
+	}
+	c.Listen = str("listen")
+	c.AdvertisedHost = str("advertised.host")
+	c.BrokerPortBase = int(num("broker.port.base", 65535))
+	c.MaxRequestBytes = int32(num("socket.request.max.bytes", 1<<31-1))
+	c.MaxResponseBytes = int32(num("upstream.response.max.bytes", 1<<31-1))
+	c.DialTimeout = time.Duration(num("dial.timeout.ms", 1<<31-1)) * time.Millisecond
+	c.ShutdownTimeout = time.Duration(num("shutdown.timeout.ms", 1<<31-1)) * time.Millisecond
+	if s := str("connections.max.idle.ms"); s == "-1" {
+		c.IdleTimeout = -1
+	} else {
+		c.IdleTimeout = time.Duration(num("connections.max.idle.ms", 1<<31-1)) * time.Millisecond
+	}
+	c.AdminListen = str("admin.listen")
+	for _, side := range []struct {
+		prefix string
+		t      *TLSConfig
+	}{{"tls.client.", &c.ClientTLS}, {"tls.upstream.", &c.UpstreamTLS}} {
+		side.t.Enabled = boolean(side.prefix + "enabled")
+		side.t.Cert = str(side.prefix + "cert")
+		side.t.Key = str(side.prefix + "key")
+		side.t.CA = str(side.prefix + "ca")
+		side.t.ClientAuth = str(side.prefix + "client.auth")
+		side.t.ServerName = str(side.prefix + "server.name")
+		side.t.InsecureSkipVerify = boolean(side.prefix + "insecure.skip.verify")
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// SplitList splits "a:1, b:2" into ["a:1" "b:2"], dropping empty items.
+func SplitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

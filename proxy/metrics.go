@@ -1,0 +1,78 @@
+package proxy
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// metrics are one Server's Prometheus collectors, in their own registry (so
+// several proxies can live in one process, as in tests).
+type metrics struct {
+	reg *prometheus.Registry
+
+	connsActive      prometheus.Gauge
+	connsTotal       *prometheus.CounterVec // listener: bootstrap|broker
+	requests         *prometheus.CounterVec // api
+	latency          *prometheus.HistogramVec
+	bytesIn          prometheus.Counter
+	bytesOut         prometheus.Counter
+	errors           *prometheus.CounterVec // kind
+	upstreamConnects *prometheus.CounterVec // result: ok|error
+	rewrites         *prometheus.CounterVec // api
+	listeners        prometheus.Gauge
+	idleClosed       prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.connsActive = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_proxy_client_connections",
+		Help: "Client connections open now."})
+	m.connsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_client_connections_total",
+		Help: "Client connections accepted, by listener (bootstrap or broker)."}, []string{"listener"})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_requests_total",
+		Help: "Requests forwarded, by API name."}, []string{"api"})
+	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ferry_proxy_request_duration_seconds",
+		Help:    "Time from a request read from the client to its response written back, by API name (acks=0 produce excluded).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14)}, []string{"api"})
+	m.bytesIn = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_client_bytes_received_total",
+		Help: "Bytes of request frames read from clients, size prefixes included."})
+	m.bytesOut = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_client_bytes_sent_total",
+		Help: "Bytes of response frames written to clients, size prefixes included."})
+	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_errors_total",
+		Help: "Connections closed on an error, by kind (frame_too_large, malformed, unknown_key, unsupported_version, client_io, upstream_io, upstream_dial, rewrite, panic, listen)."}, []string{"kind"})
+	m.upstreamConnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_upstream_connects_total",
+		Help: "Upstream broker connections opened (one per client connection; a client that reconnects after a broker restart opens a new one), by result."}, []string{"result"})
+	m.rewrites = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_address_rewrites_total",
+		Help: "Responses whose broker endpoints were rewritten, by API name."}, []string{"api"})
+	m.listeners = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_proxy_broker_listeners",
+		Help: "Per-broker listeners open now (one per node id seen)."})
+	m.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_idle_connections_closed_total",
+		Help: "Client connections closed after connections.max.idle.ms without a request or response."})
+	m.reg.MustRegister(m.idleClosed, m.connsActive, m.connsTotal, m.requests, m.latency, m.bytesIn, m.bytesOut, m.errors,
+		m.upstreamConnects, m.rewrites, m.listeners,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// apiNames caches kmsg's names by key, so the hot path does not build label
+// strings.
+var apiNames = func() []string {
+	n := make([]string, maxKey)
+	for k := range n {
+		n[k] = kmsg.NameForKey(int16(k))
+		if n[k] == "" || n[k] == "Unknown" {
+			n[k] = strconv.Itoa(k)
+		}
+	}
+	return n
+}()
+
+func apiName(key int16) string {
+	if key >= 0 && int(key) < len(apiNames) {
+		return apiNames[key]
+	}
+	return strconv.Itoa(int(key))
+}

@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// AddressMapper maps a broker's real endpoint, as a response names it, to the
+// endpoint the proxy hands out for that node id. It is called once per
+// endpoint in a response; an error fails the rewrite (and closes the client's
+// connection: a real address must never reach it).
+type AddressMapper func(nodeID int32, host string, port int32) (string, int32, error)
+
+// rewriteKeys are the API keys whose responses carry broker endpoints.
+var rewriteKeys = map[int16]bool{
+	0:  true, // Produce: KIP-951 NodeEndpoints (v10+)
+	1:  true, // Fetch: KIP-951 NodeEndpoints (v16+)
+	3:  true, // Metadata: brokers
+	10: true, // FindCoordinator: v0–v3 single, v4+ batched coordinators
+	60: true, // DescribeCluster: brokers
+	78: true, // ShareFetch: NodeEndpoints
+	79: true, // ShareAcknowledge: NodeEndpoints
+}
+
+// needsRewrite reports whether the response to key at version can carry
+// broker endpoints (so it must be decoded).
+func needsRewrite(key, version int16) bool {
+	switch key {
+	case 0:
+		return version >= 10
+	case 1:
+		return version >= 16
+	default:
+		return rewriteKeys[key]
+	}
+}
+
+// RewriteResponse decodes the response body (the message past the response
+// header) of key at version with kmsg, maps every broker endpoint through m
+// and re-encodes it. changed is false when the response named no endpoint
+// (Produce and Fetch carry endpoints only with NOT_LEADER errors), and then
+// out is nil: the original bytes can be forwarded as they are.
+//
+// Errors: a body kmsg cannot decode, or an error of m.
+func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []byte, changed bool, err error) {
+	resp := kmsg.ResponseForKey(key)
+	if resp == nil {
+		return nil, false, fmt.Errorf("%w %d", ErrUnknownKey, key)
+	}
+	resp.SetVersion(version)
+	if err := resp.ReadFrom(body); err != nil {
+		return nil, false, fmt.Errorf("decode %s v%d response: %w", kmsg.NameForKey(key), version, err)
+	}
+	mapOne := func(node int32, host *string, port *int32) error {
+		h, p, err := m(node, *host, *port)
+		if err != nil {
+			return err
+		}
+		*host, *port = h, p
+		changed = true
+		return nil
+	}
+	switch r := resp.(type) {
+	case *kmsg.MetadataResponse:
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
+				return nil, false, err
+			}
+		}
+	case *kmsg.FindCoordinatorResponse:
+		if version <= 3 {
+			if r.NodeID >= 0 && r.Host != "" {
+				if err := mapOne(r.NodeID, &r.Host, &r.Port); err != nil {
+					return nil, false, err
+				}
+			}
+		}
+		for i := range r.Coordinators {
+			c := &r.Coordinators[i]
+			if c.NodeID >= 0 && c.Host != "" {
+				if err := mapOne(c.NodeID, &c.Host, &c.Port); err != nil {
+					return nil, false, err
+				}
+			}
+		}
+	case *kmsg.DescribeClusterResponse:
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
+				return nil, false, err
+			}
+		}
+	case *kmsg.ProduceResponse:
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
+				return nil, false, err
+			}
+		}
+	case *kmsg.FetchResponse:
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
+				return nil, false, err
+			}
+		}
+	case *kmsg.ShareFetchResponse:
+		for i := range r.NodeEndpoints {
+			b := &r.NodeEndpoints[i]
+			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
+				return nil, false, err
+			}
+		}
+	case *kmsg.ShareAcknowledgeResponse:
+		for i := range r.NodeEndpoints {
+			b := &r.NodeEndpoints[i]
+			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
+				return nil, false, err
+			}
+		}
+	default:
+		return nil, false, nil
+	}
+	if !changed {
+		return nil, false, nil
+	}
+	return resp.AppendTo(make([]byte, 0, len(body))), true, nil
+}

@@ -1,0 +1,474 @@
+// Package proxy is Ferry's Kafka protocol proxy ("ferry proxy"): clients
+// connect to it as if it were the cluster, and it forwards every request to
+// the upstream brokers.
+//
+// Wire handling: each client connection gets one upstream connection (so
+// SASL authentication binds to that client). Requests and responses travel
+// as opaque frames; only request headers are decoded (kbin), and only the
+// responses that carry broker endpoints (Metadata, FindCoordinator,
+// DescribeCluster, the KIP-951 endpoints of Produce/Fetch, ShareFetch,
+// ShareAcknowledge) and ApiVersions are decoded and re-encoded with kmsg.
+// Responses are matched to requests in order through a per-connection queue
+// of in-flight requests (key, version, correlation id); acks=0 Produce
+// requests get no entry, since the broker sends no response.
+//
+// Ports: one bootstrap listener, and one listener per broker node id at
+// BrokerPortBase+nodeID (default: the bootstrap port + 1 + nodeID), so a
+// restarted proxy hands out the same addresses. Brokers that appear later in
+// a response get their listener before the response reaches the client.
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Server is a running proxy. Create it with New, start it with Start, stop
+// it with Shutdown.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	m      *metrics
+	dialer *net.Dialer
+
+	clientTLS   *tls.Config
+	upstreamTLS *tls.Config
+
+	advertisedHost string
+	listenHost     string
+	bootstrapPort  int
+
+	mu        sync.Mutex
+	bootstrap net.Listener
+	nodes     map[int32]*node
+	conns     map[*conn]struct{}
+	closing   bool
+	admin     *http.Server
+	adminLn   net.Listener
+	seedIndex atomic.Uint32
+
+	wg sync.WaitGroup // accept loops and connections
+}
+
+// node is one upstream broker as the proxy knows it.
+type node struct {
+	id       int32
+	upstream string // real host:port, from the latest response naming it
+	ln       net.Listener
+	port     int32 // advertised port
+}
+
+// New checks cfg and returns a Server that is not listening yet.
+//
+// Errors: an invalid Config (see Config.Validate), unreadable TLS files.
+func New(cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{}}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.dialer = &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
+	var err error
+	if s.clientTLS, err = cfg.ClientTLS.serverConfig(); err != nil {
+		return nil, fmt.Errorf("client-side TLS: %w", err)
+	}
+	if s.upstreamTLS, err = cfg.UpstreamTLS.clientConfig(); err != nil {
+		return nil, fmt.Errorf("upstream TLS: %w", err)
+	}
+	return s, nil
+}
+
+// Start opens the bootstrap listener (and the admin HTTP listener when
+// configured), starts serving, and in the background asks the upstream
+// cluster for its brokers to open their listeners early. It returns once
+// the listeners are open.
+func (s *Server) Start(ctx context.Context) error {
+	ln, err := s.listen(s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("bootstrap listener %s: %w", s.cfg.Listen, err)
+	}
+	host, portStr, _ := net.SplitHostPort(ln.Addr().String())
+	s.bootstrapPort, _ = strconv.Atoi(portStr)
+	s.listenHost, _, _ = net.SplitHostPort(s.cfg.Listen)
+	s.advertisedHost = s.cfg.AdvertisedHost
+	if s.advertisedHost == "" {
+		s.advertisedHost = s.listenHost
+		if ip := net.ParseIP(s.listenHost); s.listenHost == "" || (ip != nil && ip.IsUnspecified()) {
+			s.advertisedHost = host
+			if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+				s.advertisedHost = "localhost"
+			}
+		}
+	}
+	s.mu.Lock()
+	s.bootstrap = ln
+	s.mu.Unlock()
+	if s.cfg.AdminListen != "" {
+		if err := s.startAdmin(); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	s.log.Info("proxy listening", "bootstrap", ln.Addr().String(), "advertised_host", s.advertisedHost,
+		"upstream", s.cfg.Upstream, "tls", s.clientTLS != nil)
+	s.wg.Add(1)
+	go s.acceptLoop(ln, -1)
+	go s.discover(ctx)
+	if s.cfg.IdleTimeout > 0 {
+		go s.reapIdle()
+	}
+	return nil
+}
+
+// reapIdle closes connections idle for longer than connections.max.idle.ms,
+// as the broker does, until Shutdown.
+func (s *Server) reapIdle() {
+	period := min(s.cfg.IdleTimeout/4, 30*time.Second)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for range t.C {
+		cutoff := time.Now().Add(-s.cfg.IdleTimeout)
+		var idle []*conn
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		for c := range s.conns {
+			if c.idleSince(cutoff) {
+				idle = append(idle, c)
+			}
+		}
+		s.mu.Unlock()
+		for _, c := range idle {
+			s.m.idleClosed.Inc()
+			c.log.Debug("closing an idle connection", "idle_timeout", s.cfg.IdleTimeout)
+			c.close()
+		}
+	}
+}
+
+// Addr returns the bootstrap listener's address.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bootstrap == nil {
+		return ""
+	}
+	return s.bootstrap.Addr().String()
+}
+
+// AdminAddr returns the admin HTTP listener's address ("" when none).
+func (s *Server) AdminAddr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
+// Handler returns the admin HTTP handler: /metrics (Prometheus) and /healthz
+// (200 "ok" while serving, 503 while shutting down).
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		closing := s.closing
+		s.mu.Unlock()
+		if closing {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	return mux
+}
+
+func (s *Server) startAdmin() error {
+	ln, err := net.Listen("tcp", s.cfg.AdminListen)
+	if err != nil {
+		return fmt.Errorf("admin listener %s: %w", s.cfg.AdminListen, err)
+	}
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.mu.Lock()
+	s.admin, s.adminLn = srv, ln
+	s.mu.Unlock()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin listener stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+func (s *Server) listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if s.clientTLS != nil {
+		ln = tls.NewListener(ln, s.clientTLS)
+	}
+	return ln, nil
+}
+
+// brokerPort returns the advertised port of nodeID, 0 for an ephemeral one
+// (when the bootstrap port itself was ephemeral, as in tests).
+func (s *Server) brokerPort(nodeID int32) (int, error) {
+	if nodeID < 0 {
+		return 0, fmt.Errorf("negative node id %d", nodeID)
+	}
+	var p int64
+	switch {
+	case s.cfg.BrokerPortBase > 0:
+		p = int64(s.cfg.BrokerPortBase) + int64(nodeID)
+	case s.cfg.listenPortZero():
+		return 0, nil
+	default:
+		p = int64(s.bootstrapPort) + 1 + int64(nodeID)
+	}
+	if p > 65535 {
+		return 0, fmt.Errorf("node id %d gives port %d > 65535: set broker.port.base lower", nodeID, p)
+	}
+	return int(p), nil
+}
+
+// mapAddress is the AddressMapper of every connection: it records the real
+// endpoint of nodeID, opens its listener if needed, and returns the
+// proxy's endpoint for it.
+func (s *Server) mapAddress(nodeID int32, host string, port int32) (string, int32, error) {
+	real := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[nodeID]
+	if n != nil {
+		if n.upstream != real {
+			s.log.Info("broker endpoint changed", "node", nodeID, "from", n.upstream, "to", real)
+			n.upstream = real
+		}
+		return s.advertisedHost, n.port, nil
+	}
+	if s.closing {
+		return "", 0, errors.New("proxy shutting down")
+	}
+	want, err := s.brokerPort(nodeID)
+	if err != nil {
+		return "", 0, err
+	}
+	ln, err := s.listen(net.JoinHostPort(s.listenHost, strconv.Itoa(want)))
+	if err != nil {
+		s.m.errors.WithLabelValues("listen").Inc()
+		return "", 0, fmt.Errorf("listener for broker %d: %w", nodeID, err)
+	}
+	_, ps, _ := net.SplitHostPort(ln.Addr().String())
+	p, _ := strconv.Atoi(ps)
+	n = &node{id: nodeID, upstream: real, ln: ln, port: int32(p)}
+	s.nodes[nodeID] = n
+	s.m.listeners.Inc()
+	s.log.Info("broker listener opened", "node", nodeID, "listen", ln.Addr().String(), "upstream", real)
+	s.wg.Add(1)
+	go s.acceptLoop(ln, nodeID)
+	return s.advertisedHost, n.port, nil
+}
+
+// BrokerAddr returns the proxy's address for node id, once a response has
+// named that broker.
+func (s *Server) BrokerAddr(nodeID int32) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.nodes[nodeID]
+	if n == nil {
+		return "", false
+	}
+	return net.JoinHostPort(s.advertisedHost, strconv.Itoa(int(n.port))), true
+}
+
+func (s *Server) upstreamFor(nodeID int32) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.nodes[nodeID]; n != nil {
+		return n.upstream
+	}
+	return ""
+}
+
+func (s *Server) acceptLoop(ln net.Listener, nodeID int32) {
+	defer s.wg.Done()
+	kind := "broker"
+	if nodeID < 0 {
+		kind = "bootstrap"
+	}
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Temporary errors (EMFILE...): back off as net/http does.
+			if delay == 0 {
+				delay = 5 * time.Millisecond
+			} else if delay *= 2; delay > time.Second {
+				delay = time.Second
+			}
+			s.log.Warn("accept failed", "listener", ln.Addr().String(), "err", err)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		s.m.connsTotal.WithLabelValues(kind).Inc()
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			c.Close()
+			continue
+		}
+		cn := newConn(s, c, nodeID)
+		s.conns[cn] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go cn.serve()
+	}
+}
+
+// dialUpstream connects to the broker behind nodeID, or for the bootstrap
+// listener (nodeID < 0) to the first upstream seed that answers, starting
+// from a rotating index.
+func (s *Server) dialUpstream(ctx context.Context, nodeID int32) (net.Conn, error) {
+	var addrs []string
+	if nodeID >= 0 {
+		a := s.upstreamFor(nodeID)
+		if a == "" {
+			return nil, fmt.Errorf("no known endpoint for broker %d", nodeID)
+		}
+		addrs = []string{a}
+	} else {
+		start := int(s.seedIndex.Add(1))
+		for i := range s.cfg.Upstream {
+			addrs = append(addrs, s.cfg.Upstream[(start+i)%len(s.cfg.Upstream)])
+		}
+	}
+	var errs []error
+	for _, a := range addrs {
+		c, err := s.dialer.DialContext(ctx, "tcp", a)
+		if err == nil && s.upstreamTLS != nil {
+			cfg := s.upstreamTLS
+			if cfg.ServerName == "" {
+				cfg = cfg.Clone()
+				cfg.ServerName, _, _ = net.SplitHostPort(a)
+			}
+			tc := tls.Client(c, cfg)
+			hctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+			err = tc.HandshakeContext(hctx)
+			cancel()
+			if err != nil {
+				c.Close()
+			} else {
+				c = tc
+			}
+		}
+		if err == nil {
+			s.m.upstreamConnects.WithLabelValues("ok").Inc()
+			return c, nil
+		}
+		s.m.upstreamConnects.WithLabelValues("error").Inc()
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// Shutdown stops accepting connections, stops reading new requests, waits
+// until every in-flight request has its response written (or ctx ends), then
+// closes all connections and listeners. It returns ctx's error if the drain
+// was cut short.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closing = true
+	if s.bootstrap != nil {
+		s.bootstrap.Close()
+	}
+	for _, n := range s.nodes {
+		n.ln.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	admin := s.admin
+	s.mu.Unlock()
+	s.log.Info("proxy shutting down", "connections", len(conns))
+	for _, c := range conns {
+		c.drain()
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		s.mu.Lock()
+		for c := range s.conns {
+			c.close()
+		}
+		s.mu.Unlock()
+		<-done
+	}
+	if admin != nil {
+		actx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = admin.Shutdown(actx)
+		cancel()
+	}
+	return err
+}
+
+func (s *Server) removeConn(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// discover asks the upstream cluster for its brokers through an in-process
+// connection to the proxy itself, so listeners exist before any client asks;
+// a failure (e.g. an upstream that requires SASL) is logged and harmless.
+func (s *Server) discover(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	up, err := s.dialUpstream(ctx, -1)
+	if err != nil {
+		s.log.Warn("upstream not reachable at start-up; listeners open on first metadata", "err", err)
+		return
+	}
+	defer up.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = up.SetDeadline(dl)
+	}
+	if err := discoverBrokers(up, s.mapAddress); err != nil {
+		s.log.Warn("broker discovery at start-up failed; listeners open on first metadata", "err", err)
+	}
+}
+
+// readerPool holds the 64 KiB bufio.Readers of connections (client and upstream sides).
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
