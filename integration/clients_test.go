@@ -604,16 +604,6 @@ func (m *groupMember) Lines() []string {
 	return slices.Clone(m.lines)
 }
 
-// exited reports whether the member process ended.
-func (m *groupMember) exited() bool {
-	select {
-	case <-m.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // stop ends the member (see stdinStops) and waits for it; a member that
 // does not leave on stdin's close within 15 s is interrupted too.
 func (m *groupMember) stop() {
