@@ -90,6 +90,7 @@ func proxyRecords(t *testing.T, topic string, n int, opts ...kgo.Opt) []*kgo.Rec
 }
 
 func TestClientsProxyKcat(t *testing.T) {
+	kcatPath(t)
 	via := viaProxy(t)
 	topic := clientTopic(t, 3, nil)
 	headers := []clientHeader{{Key: "client", Value: []byte("kcat")}, {Key: "note", Value: []byte("é=ü")}}
@@ -117,6 +118,7 @@ func TestClientsProxyKcat(t *testing.T) {
 }
 
 func TestClientsProxyJava(t *testing.T) {
+	kafkaToolsCP(t)
 	via := viaProxy(t)
 	topic := clientTopic(t, 3, nil)
 	want := textRecords(2, 30, "java")
@@ -154,6 +156,7 @@ func TestClientsProxyJava(t *testing.T) {
 }
 
 func TestClientsProxyPython(t *testing.T) {
+	pythonPath(t)
 	via := viaProxy(t)
 	topic := clientTopic(t, 3, nil)
 	headers := []clientHeader{{Key: "client", Value: []byte("python")}, {Key: "bin", Value: []byte{0, '\n', 0xff, '\t'}}}
@@ -194,20 +197,21 @@ func TestClientsProxyCodecs(t *testing.T) {
 	via := viaProxy(t)
 	clients := []struct {
 		name    string
+		need    func(testing.TB) string // skips, or fails under CI, without the client
 		produce func(t *testing.T, topic, codec string, recs []clientRecord)
 		consume func(t *testing.T, topic string, n int) []clientRecord
 	}{
-		{"kcat", func(t *testing.T, topic, codec string, recs []clientRecord) {
+		{"kcat", kcatPath, func(t *testing.T, topic, codec string, recs []clientRecord) {
 			kcatProduce(t, via, topic, recs, recs[0].Headers, "-z", codec)
 		}, func(t *testing.T, topic string, n int) []clientRecord {
 			return kcatConsume(t, via, topic)
 		}},
-		{"java", func(t *testing.T, topic, codec string, recs []clientRecord) {
+		{"java", kafkaToolsCP, func(t *testing.T, topic, codec string, recs []clientRecord) {
 			javaProduce(t, via, topic, recs, "--compression-codec", codec)
 		}, func(t *testing.T, topic string, n int) []clientRecord {
 			return javaConsume(t, via, topic, n)
 		}},
-		{"python", func(t *testing.T, topic, codec string, recs []clientRecord) {
+		{"python", pythonPath, func(t *testing.T, topic, codec string, recs []clientRecord) {
 			pyProduce(t, via, topic, recs, "compression.type="+codec)
 		}, func(t *testing.T, topic string, n int) []clientRecord {
 			return pyConsume(t, via, topic)
@@ -216,6 +220,7 @@ func TestClientsProxyCodecs(t *testing.T) {
 	for _, c := range clients {
 		for _, codec := range kafkaCodecs {
 			t.Run(c.name+"/"+codec.name, func(t *testing.T) {
+				c.need(t)
 				topic := clientTopic(t, 1, nil)
 				want := compressibleRecords(20, c.name+"-"+codec.name)
 				c.produce(t, topic, codec.name, want)
@@ -236,6 +241,9 @@ func TestClientsProxyCodecs(t *testing.T) {
 // aborts another; read_committed consumers of every client see only the
 // committed records, read_uncommitted ones see all.
 func TestClientsProxyTransactions(t *testing.T) {
+	pythonPath(t)
+	kcatPath(t)
+	kafkaToolsCP(t)
 	via := viaProxy(t)
 	topic := clientTopic(t, 2, nil)
 	aborted1 := binaryRecords(4, 5, "aborted1", "\t\n", nil)
@@ -351,8 +359,8 @@ func checkGroupType(t *testing.T, group, protocol string) {
 // together all); then every later record is read by its owner, all exactly
 // once.
 func TestClientsProxyGroupsPython(t *testing.T) {
-	via := viaProxy(t)
 	py := pythonPath(t)
+	via := viaProxy(t)
 	for _, protocol := range groupProtocols {
 		t.Run(protocol, func(t *testing.T) {
 			topic, produce := groupTopic(t)
@@ -488,8 +496,8 @@ func waitGroupEmpty(t *testing.T, adm *kadm.Client, group, protocol string) {
 // records, a second joins and the broker shows both owning part of the
 // partitions; the later records are read once in all.
 func TestClientsProxyGroupsJava(t *testing.T) {
-	via := viaProxy(t)
 	kafkaToolsCP(t)
+	via := viaProxy(t)
 	for _, protocol := range groupProtocols {
 		t.Run(protocol, func(t *testing.T) {
 			topic, produce := groupTopic(t)
@@ -580,8 +588,8 @@ func TestClientsProxyGroupsJava(t *testing.T) {
 // with the partition counts asked for, and creating one again fails with
 // Kafka's TOPIC_ALREADY_EXISTS.
 func TestClientsProxyAdminCreateTopics(t *testing.T) {
-	via := viaProxy(t)
 	py := pythonPath(t)
+	via := viaProxy(t)
 	base := fmt.Sprintf("ferry-cl-admin-%d-%d", time.Now().UnixNano()%1e6, topicSeq.Add(1))
 	want := map[string]int{base + "-a": 3, base + "-b": 1}
 	pyRun(t, nil, via, nil, "create-topics", base+"-a:3", base+"-b:1")
