@@ -584,17 +584,11 @@ func TestClientsProxyGroupsJava(t *testing.T) {
 	}
 }
 
-// Python's admin client creates topics through viaProxy; the broker has them
-// with the partition counts asked for, and creating one again fails with
-// Kafka's TOPIC_ALREADY_EXISTS.
-func TestClientsProxyAdminCreateTopics(t *testing.T) {
-	py := pythonPath(t)
-	via := viaProxy(t)
-	base := fmt.Sprintf("ferry-cl-admin-%d-%d", time.Now().UnixNano()%1e6, topicSeq.Add(1))
-	want := map[string]int{base + "-a": 3, base + "-b": 1}
-	pyRun(t, nil, via, nil, "create-topics", base+"-a:3", base+"-b:1")
-
-	td, err := kadm.NewClient(client(t)).ListTopics(ctxT(t, 30*time.Second), base+"-a", base+"-b")
+// brokerHasTopics checks, directly on the broker, that each topic exists
+// with the partition count given.
+func brokerHasTopics(t *testing.T, want map[string]int) {
+	t.Helper()
+	td, err := kadm.NewClient(client(t)).ListTopics(ctxT(t, 30*time.Second), slices.Collect(maps.Keys(want))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -604,9 +598,35 @@ func TestClientsProxyAdminCreateTopics(t *testing.T) {
 			t.Fatalf("topic %s on the broker: present %v, err %v, %d partitions; want %d", name, ok, d.Err, len(d.Partitions), n)
 		}
 	}
+}
 
-	_, stderr, err := runClientErr(nil, py, pyArgs(via, nil, "create-topics", base+"-a:3")...)
-	if err == nil || !bytes.Contains(stderr, []byte("TOPIC_ALREADY_EXISTS")) {
-		t.Fatalf("creating %s again: %v, want TOPIC_ALREADY_EXISTS; stderr:\n%s", base+"-a", err, stderr)
-	}
+// Admin clients create topics through viaProxy (CreateTopics): Python's
+// AdminClient and Kafka's kafka-topics tool. The broker has them with the
+// partition counts asked for, and creating one again fails with Kafka's
+// TOPIC_ALREADY_EXISTS.
+func TestClientsProxyAdminCreateTopics(t *testing.T) {
+	t.Run("python", func(t *testing.T) {
+		py := pythonPath(t)
+		via := viaProxy(t)
+		base := fmt.Sprintf("ferry-cl-admin-py-%d-%d", time.Now().UnixNano()%1e6, topicSeq.Add(1))
+		pyRun(t, nil, via, nil, "create-topics", base+"-a:3", base+"-b:1")
+		brokerHasTopics(t, map[string]int{base + "-a": 3, base + "-b": 1})
+
+		_, stderr, err := runClientErr(nil, py, pyArgs(via, nil, "create-topics", base+"-a:3")...)
+		if err == nil || !bytes.Contains(stderr, []byte("TOPIC_ALREADY_EXISTS")) {
+			t.Fatalf("creating %s again: %v, want TOPIC_ALREADY_EXISTS; stderr:\n%s", base+"-a", err, stderr)
+		}
+	})
+	t.Run("java", func(t *testing.T) {
+		kafkaToolsCP(t)
+		via := viaProxy(t)
+		name := fmt.Sprintf("ferry-cl-admin-java-%d-%d", time.Now().UnixNano()%1e6, topicSeq.Add(1))
+		javaTool(t, nil, javaTopicCommand, "--bootstrap-server", via, "--create", "--topic", name,
+			"--partitions", "2", "--replication-factor", "1", "--config", "compression.type=zstd")
+		brokerHasTopics(t, map[string]int{name: 2})
+		desc := javaTool(t, nil, javaTopicCommand, "--bootstrap-server", via, "--describe", "--topic", name)
+		if !bytes.Contains(desc, []byte("PartitionCount: 2")) || !bytes.Contains(desc, []byte("compression.type=zstd")) {
+			t.Fatalf("kafka-topics --describe %s:\n%s", name, desc)
+		}
+	})
 }

@@ -267,6 +267,7 @@ const (
 	javaConsoleConsumer     = "org.apache.kafka.tools.consumer.ConsoleConsumer"
 	javaProducerPerformance = "org.apache.kafka.tools.ProducerPerformance"
 	javaBrokerAPIVersions   = "org.apache.kafka.tools.BrokerApiVersionsCommand"
+	javaTopicCommand        = "org.apache.kafka.tools.TopicCommand"
 )
 
 // javaProduce produces recs with Kafka's console producer, one line each:
