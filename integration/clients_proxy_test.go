@@ -83,9 +83,9 @@ func compressibleRecords(n int, prefix string) []clientRecord {
 
 // proxyRecords reads n records of topic from the start through viaProxy
 // with franz-go; opts adds consume options (isolation level).
-func proxyRecords(t *testing.T, topic string, n int, opts ...kgo.Opt) []*kgo.Record {
+func proxyRecords(t *testing.T, via, topic string, n int, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	cl := proxyClient(t, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
+	cl := proxyClient(t, via, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	return pollN(t, cl, n)
 }
 
@@ -98,7 +98,7 @@ func TestClientsProxyKcat(t *testing.T) {
 
 	kcatProduce(t, via, topic, want, headers, "-X", "enable.idempotence=true")
 	sameRecords(t, "kcat consume", kcatConsume(t, via, topic), want)
-	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, topic, len(want))), want)
+	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, len(want))), want)
 
 	md := runClient(t, nil, kcatPath(t), "-L", "-J", "-b", via, "-t", topic)
 	var meta struct {
@@ -114,7 +114,7 @@ func TestClientsProxyKcat(t *testing.T) {
 	if len(meta.Brokers) == 0 || len(meta.Topics) != 1 || meta.Topics[0].Topic != topic || len(meta.Topics[0].Partitions) != 3 {
 		t.Fatalf("kcat metadata: want brokers and %s with 3 partitions:\n%s", topic, md)
 	}
-	noRealBrokerPort(t, "kcat -L", md)
+	noRealBrokerPort(t, via, "kcat -L", md)
 }
 
 func TestClientsProxyJava(t *testing.T) {
@@ -125,7 +125,7 @@ func TestClientsProxyJava(t *testing.T) {
 
 	javaProduce(t, via, topic, want)
 	sameRecords(t, "java console consumer", javaConsume(t, via, topic, len(want)), want)
-	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, topic, len(want))), want)
+	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, len(want))), want)
 
 	// The Java admin client's view of the brokers and their API versions.
 	av := javaTool(t, nil, javaBrokerAPIVersions, "--bootstrap-server", via)
@@ -134,7 +134,7 @@ func TestClientsProxyJava(t *testing.T) {
 			t.Fatalf("broker API versions lack %s:\n%s", api, tail(av))
 		}
 	}
-	noRealBrokerPort(t, "kafka-broker-api-versions", av)
+	noRealBrokerPort(t, via, "kafka-broker-api-versions", av)
 
 	t.Run("ProducerPerformance", func(t *testing.T) {
 		topic := clientTopic(t, 3, nil)
@@ -143,7 +143,7 @@ func TestClientsProxyJava(t *testing.T) {
 		if !bytes.Contains(out, []byte(strconv.Itoa(n)+" records sent")) {
 			t.Fatalf("perf test output lacks %d records sent:\n%s", n, tail(out))
 		}
-		ends, err := kadm.NewClient(proxyClient(t)).ListEndOffsets(ctxT(t, 30*time.Second), topic)
+		ends, err := kadm.NewClient(proxyClient(t, via)).ListEndOffsets(ctxT(t, 30*time.Second), topic)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestClientsProxyPython(t *testing.T) {
 
 	pyProduce(t, via, topic, want, "enable.idempotence=true")
 	sameRecords(t, "python consume", pyConsume(t, via, topic), want)
-	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, topic, len(want))), want)
+	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, len(want))), want)
 
 	md := pyRun(t, nil, via, nil, "metadata")
 	var meta struct {
@@ -181,7 +181,7 @@ func TestClientsProxyPython(t *testing.T) {
 	if len(meta.Brokers) == 0 || meta.Brokers[0].Port == 0 || !slices.Contains(meta.Topics, topic) {
 		t.Fatalf("python metadata: want brokers and topic %s:\n%s", topic, md)
 	}
-	noRealBrokerPort(t, "python metadata", md)
+	noRealBrokerPort(t, via, "python metadata", md)
 }
 
 // kafkaCodecs are Kafka's compression codecs by their record-batch
@@ -225,7 +225,7 @@ func TestClientsProxyCodecs(t *testing.T) {
 				want := compressibleRecords(20, c.name+"-"+codec.name)
 				c.produce(t, topic, codec.name, want)
 				sameRecords(t, c.name+" consume", c.consume(t, topic, len(want)), want)
-				got := proxyRecords(t, topic, len(want))
+				got := proxyRecords(t, via, topic, len(want))
 				for _, r := range got {
 					if ct := r.Attrs.CompressionType(); ct != codec.id {
 						t.Fatalf("record at offset %d is in a batch with codec %d, want %s (%d)", r.Offset, ct, codec.name, codec.id)
@@ -256,7 +256,7 @@ func TestClientsProxyTransactions(t *testing.T) {
 	sameRecords(t, "python read_uncommitted", pyConsume(t, via, topic, "isolation.level=read_uncommitted"), all)
 	sameRecords(t, "kcat read_committed", kcatConsume(t, via, topic, "-X", "isolation.level=read_committed"), committed)
 	sameRecords(t, "kcat read_uncommitted", kcatConsume(t, via, topic, "-X", "isolation.level=read_uncommitted"), all)
-	sameRecords(t, "franz-go read_committed", fromKgo(proxyRecords(t, topic, len(committed), kgo.FetchIsolationLevel(kgo.ReadCommitted()))), committed)
+	sameRecords(t, "franz-go read_committed", fromKgo(proxyRecords(t, via, topic, len(committed), kgo.FetchIsolationLevel(kgo.ReadCommitted()))), committed)
 
 	// The Java consumer reads until it is idle for 5 s, so a record of the
 	// trailing aborted transaction would show up too. Its values must be
@@ -271,9 +271,9 @@ func TestClientsProxyTransactions(t *testing.T) {
 
 // groupTopic makes a 4-partition topic and a franz-go producer through
 // viaProxy that writes record i to partition i%4.
-func groupTopic(t *testing.T) (string, func(prefix string, n int) []clientRecord) {
+func groupTopic(t *testing.T, via string) (string, func(prefix string, n int) []clientRecord) {
 	topic := clientTopic(t, 4, nil)
-	cl := proxyClient(t, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
+	cl := proxyClient(t, via, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
 	produce := func(prefix string, n int) []clientRecord {
 		t.Helper()
 		recs := textRecords(uint64(len(prefix)), n, prefix)
@@ -343,9 +343,9 @@ var groupProtocols = []string{"classic", "consumer"}
 
 // checkGroupType checks that the broker lists group as being of the type
 // (protocol) the members were asked to use.
-func checkGroupType(t *testing.T, group, protocol string) {
+func checkGroupType(t *testing.T, adm *kadm.Client, group, protocol string) {
 	t.Helper()
-	listed, err := kadm.NewClient(proxyClient(t)).ListGroupsByType(ctxT(t, 30*time.Second), []string{protocol})
+	listed, err := adm.ListGroupsByType(ctxT(t, 30*time.Second), []string{protocol})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,8 +363,9 @@ func TestClientsProxyGroupsPython(t *testing.T) {
 	via := viaProxy(t)
 	for _, protocol := range groupProtocols {
 		t.Run(protocol, func(t *testing.T) {
-			topic, produce := groupTopic(t)
+			topic, produce := groupTopic(t, via)
 			group := "ferry-" + topic
+			adm := kadm.NewClient(proxyClient(t, via))
 			var props []string
 			if protocol == "classic" {
 				props = append(props, "heartbeat.interval.ms=500")
@@ -378,7 +379,7 @@ func TestClientsProxyGroupsPython(t *testing.T) {
 				s := pyState(t, a)
 				return len(s.owned) == 4 && len(s.records) == len(first)
 			}, func() string { return fmt.Sprintf("member a: %+v\n%s", pyState(t, a), a.Stderr()) })
-			checkGroupType(t, group, protocol)
+			checkGroupType(t, adm, group, protocol)
 
 			b := member("b")
 			waitFor(t, time.Minute, func() bool {
@@ -419,7 +420,7 @@ func TestClientsProxyGroupsPython(t *testing.T) {
 			if !pyState(t, a).closed || !pyState(t, b).closed {
 				t.Fatalf("members did not leave the group cleanly:\n%s\n%s", a.Stderr(), b.Stderr())
 			}
-			waitGroupEmpty(t, kadm.NewClient(proxyClient(t)), group, protocol)
+			waitGroupEmpty(t, adm, group, protocol)
 		})
 	}
 }
@@ -500,9 +501,9 @@ func TestClientsProxyGroupsJava(t *testing.T) {
 	via := viaProxy(t)
 	for _, protocol := range groupProtocols {
 		t.Run(protocol, func(t *testing.T) {
-			topic, produce := groupTopic(t)
+			topic, produce := groupTopic(t, via)
 			group := "ferry-" + topic
-			adm := kadm.NewClient(proxyClient(t))
+			adm := kadm.NewClient(proxyClient(t, via))
 			member := func(name string) *groupMember {
 				args := append([]string{
 					"--bootstrap-server", via, "--topic", topic, "--group", group,
@@ -559,7 +560,7 @@ func TestClientsProxyGroupsJava(t *testing.T) {
 				func() string {
 					return fmt.Sprintf("member a read %d of %d\n%s", len(records(a)), len(first), a.Stderr())
 				})
-			checkGroupType(t, group, protocol)
+			checkGroupType(t, adm, group, protocol)
 
 			b := member("b")
 			owners(2)

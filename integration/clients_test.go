@@ -653,10 +653,10 @@ func clientTopic(t testing.TB, partitions int32, configs map[string]*string) str
 	return name
 }
 
-// proxyClient is a franz-go client that talks to viaProxy's address.
-func proxyClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+// proxyClient is a franz-go client that talks to via (viaProxy's address).
+func proxyClient(t testing.TB, via string, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(viaProxy(t), ",")...)}, opts...)...)
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(via, ",")...)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -747,12 +747,12 @@ func sameRecords(t testing.TB, label string, got, want []clientRecord) {
 
 // noRealBrokerPort fails the test if a client's output (metadata it
 // printed) names the real broker's port as a number of its own, while the
-// client went through a proxy (viaProxy differs from brokers). With viaProxy
-// still the broker itself there is nothing to hide and it checks nothing;
-// callers check the output's content themselves.
-func noRealBrokerPort(t *testing.T, what string, output []byte) {
+// client went through a proxy (via, viaProxy's address, differs from
+// brokers). With viaProxy still the broker itself there is nothing to hide
+// and it checks nothing; callers check the output's content themselves.
+func noRealBrokerPort(t testing.TB, via, what string, output []byte) {
 	t.Helper()
-	via, real := viaProxy(t), brokers(t)
+	real := brokers(t)
 	if via == real {
 		return
 	}

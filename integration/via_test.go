@@ -11,7 +11,9 @@ import "testing"
 //
 //	return startProxy(t, brokers(t))
 //
-// and every client test goes through the proxy.
+// and every client test goes through the proxy. Tests call it once and
+// hand the address to the helpers (proxyClient, noRealBrokerPort...), so each
+// test starts one proxy.
 func viaProxy(t *testing.T) string {
 	t.Helper()
 	return brokers(t)
