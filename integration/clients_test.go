@@ -443,9 +443,10 @@ func (p pyRecord) record() (clientRecord, error) {
 }
 
 // pyArgs builds a kclient.py command line: props are client properties
-// (name=value), cmd the subcommand and its arguments.
+// (name=value), cmd the subcommand and its arguments. python -B writes no
+// __pycache__ into the source tree.
 func pyArgs(bootstrap string, props []string, cmd ...string) []string {
-	a := []string{filepath.Join("testdata", "py", "kclient.py"), "--bootstrap", bootstrap}
+	a := []string{"-B", filepath.Join("testdata", "py", "kclient.py"), "--bootstrap", bootstrap}
 	for _, p := range props {
 		a = append(a, "-X", p)
 	}
