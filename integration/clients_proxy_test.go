@@ -85,7 +85,7 @@ func compressibleRecords(n int, prefix string) []clientRecord {
 // with franz-go; opts adds consume options (isolation level).
 func proxyRecords(t *testing.T, via, topic string, n int, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	cl := proxyClient(t, via, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
+	cl := viaClient(t, via, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	return pollN(t, cl, n)
 }
 
@@ -143,7 +143,7 @@ func TestClientsProxyJava(t *testing.T) {
 		if !bytes.Contains(out, []byte(strconv.Itoa(n)+" records sent")) {
 			t.Fatalf("perf test output lacks %d records sent:\n%s", n, tail(out))
 		}
-		ends, err := kadm.NewClient(proxyClient(t, via)).ListEndOffsets(ctxT(t, 30*time.Second), topic)
+		ends, err := kadm.NewClient(viaClient(t, via)).ListEndOffsets(ctxT(t, 30*time.Second), topic)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +273,7 @@ func TestClientsProxyTransactions(t *testing.T) {
 // viaProxy that writes record i to partition i%4.
 func groupTopic(t *testing.T, via string) (string, func(prefix string, n int) []clientRecord) {
 	topic := clientTopic(t, 4, nil)
-	cl := proxyClient(t, via, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
+	cl := viaClient(t, via, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
 	produce := func(prefix string, n int) []clientRecord {
 		t.Helper()
 		recs := textRecords(uint64(len(prefix)), n, prefix)
@@ -365,7 +365,7 @@ func TestClientsProxyGroupsPython(t *testing.T) {
 		t.Run(protocol, func(t *testing.T) {
 			topic, produce := groupTopic(t, via)
 			group := "ferry-" + topic
-			adm := kadm.NewClient(proxyClient(t, via))
+			adm := kadm.NewClient(viaClient(t, via))
 			var props []string
 			if protocol == "classic" {
 				props = append(props, "heartbeat.interval.ms=500")
@@ -503,7 +503,7 @@ func TestClientsProxyGroupsJava(t *testing.T) {
 		t.Run(protocol, func(t *testing.T) {
 			topic, produce := groupTopic(t, via)
 			group := "ferry-" + topic
-			adm := kadm.NewClient(proxyClient(t, via))
+			adm := kadm.NewClient(viaClient(t, via))
 			member := func(name string) *groupMember {
 				args := append([]string{
 					"--bootstrap-server", via, "--topic", topic, "--group", group,

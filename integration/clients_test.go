@@ -654,8 +654,8 @@ func clientTopic(t testing.TB, partitions int32, configs map[string]*string) str
 	return name
 }
 
-// proxyClient is a franz-go client that talks to via (viaProxy's address).
-func proxyClient(t testing.TB, via string, opts ...kgo.Opt) *kgo.Client {
+// viaClient is a franz-go client that talks to via (viaProxy's address).
+func viaClient(t testing.TB, via string, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(via, ",")...)}, opts...)...)
 	if err != nil {
