@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -79,6 +80,11 @@ type BlobStore struct {
 	gen         IDGenerator
 	partSize    int
 	concurrency int
+	// For S3 only: the client, bucket and key prefix, to abort multipart
+	// uploads that a failed or cancelled Publish could not abort itself.
+	s3       *s3.Client
+	s3Bucket string
+	s3Prefix string
 }
 
 func openBlob(class string) Opener {
@@ -129,9 +135,10 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket below.
 	var b *blob.Bucket
+	var s3c *s3.Client
 	var err error
 	if u.Scheme == s3blob.Scheme {
-		b, err = openS3Bucket(ctx, bucketName, u.Query())
+		b, s3c, err = openS3Bucket(ctx, bucketName, u.Query())
 	} else {
 		gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
 		b, err = blob.OpenBucket(ctx, gu.String())
@@ -151,7 +158,11 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		b.Close()
 		return fail(false, fmt.Errorf("%w: bucket %q does not exist", ErrPayloadNotFound, bucketName))
 	}
-	return &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency}, nil
+	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency, s3: s3c, s3Bucket: bucketName}
+	if prefix != "" {
+		st.s3Prefix = prefix + "/"
+	}
+	return st, nil
 }
 
 func (s *BlobStore) Class() string       { return s.class }
@@ -184,19 +195,25 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	if err != nil {
 		return PayloadResponse{}, s.fail("publish", full, err)
 	}
-	n, err := w.ReadFrom(io.LimitReader(p.Body, p.Size+1))
-	if err == nil && n != p.Size {
-		err = fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)
+	// The digest is checked before Close commits the object: bytes that
+	// are not the payload's never become visible under key (which, for a
+	// content id, may already be referenced by other records).
+	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
+	_, err = w.ReadFrom(body)
+	if err == nil {
+		err = body.check(p)
 	}
 	if err != nil {
 		cancel()
 		w.Close()
+		s.abortIncomplete(ctx, key)
 		if errors.Is(err, ErrPayloadChanged) {
 			return PayloadResponse{}, &Error{Op: "publish", Path: full, Err: err}
 		}
 		return PayloadResponse{}, s.fail("publish", full, err)
 	}
 	if err := w.Close(); err != nil {
+		s.abortIncomplete(ctx, key)
 		return PayloadResponse{}, s.fail("publish", full, err)
 	}
 	return PayloadResponse{FullPayloadPath: full}, nil
@@ -303,7 +320,7 @@ func httpStatus(err error) int {
 // needs one, DisableLogOutputChecksumValidationSkipped, or every download
 // from an S3-compatible server that sends no checksum prints an SDK line on
 // stderr.
-func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucket, error) {
+func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucket, *s3.Client, error) {
 	var opts s3blob.Options
 	var clientOpts []func(*s3.Options)
 	boolParam := func(key string, set func(o *s3.Options, v bool)) error {
@@ -326,7 +343,7 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucke
 		"accelerate":       func(o *s3.Options, v bool) { o.UseAccelerate = v },
 	} {
 		if err := boolParam(key, set); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if v := q.Get("ssetype"); v != "" {
@@ -339,12 +356,40 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucke
 	}
 	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	clientOpts = append(clientOpts, func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
 	client := s3.NewFromConfig(cfg, clientOpts...)
 	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
-	return s3blob.OpenBucket(ctx, client, bucket, &opts)
+	b, err := s3blob.OpenBucket(ctx, client, bucket, &opts)
+	return b, client, err
+}
+
+// abortIncomplete aborts the S3 multipart uploads of key begun in the last
+// hour. gocloud.dev aborts a failed upload with the upload's own context,
+// which is already over when a timeout or a cancel caused the failure; the
+// parts would stay, invisible but billed. A fresh context bounded to 30 s is
+// used here. Other stores need nothing: uncommitted GCS resumable uploads and
+// Azure blocks expire by themselves. Failures are ignored (a bucket lifecycle
+// rule AbortIncompleteMultipartUpload is the backstop, docs/OPERATIONS.md).
+func (s *BlobStore) abortIncomplete(ctx context.Context, key string) {
+	if s.s3 == nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	full := s.s3Prefix + key
+	out, err := s.s3.ListMultipartUploads(actx, &s3.ListMultipartUploadsInput{Bucket: &s.s3Bucket, Prefix: &full})
+	if err != nil {
+		return
+	}
+	since := time.Now().Add(-time.Hour)
+	for _, up := range out.Uploads {
+		if up.Key == nil || *up.Key != full || (up.Initiated != nil && up.Initiated.Before(since)) {
+			continue
+		}
+		_, _ = s.s3.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &s.s3Bucket, Key: up.Key, UploadId: up.UploadId})
+	}
 }
 
 // resumingReader reads an object; when a read fails mid-stream with a

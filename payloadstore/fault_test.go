@@ -18,9 +18,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/google/uuid"
 
 	"github.com/ferrykit/ferry/internal/faultproxy"
+	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
@@ -135,6 +138,40 @@ func TestS3SlowUploadTimesOut(t *testing.T) {
 	fp.Set(faultproxy.Pass, -1)
 	if left := listAll(t, openURL(t, direct), "orders"); len(left) != 0 {
 		t.Fatalf("a timed-out upload left objects: %v", left)
+	}
+}
+
+// Found by review: a multipart upload cut short by the store timeout must
+// not leave its parts behind (invisible, but billed): gocloud.dev's own abort
+// runs with the expired context, so the store aborts with a fresh one.
+func TestS3TimeoutMidMultipartLeavesNoParts(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := s3ViaProxy(t)
+	s := payloadstore.Wrap(openURL(t, via), payloadstore.Policy{Timeout: 3 * time.Second, CustomMetadataMaxBytes: 128})
+	// The upload starts and its first requests pass; then the two parts in
+	// flight (UploadConcurrency 2) stall until the timeout ends the upload.
+	// The server answers what comes after, as a server that recovered
+	// would: the abort can get through.
+	go func() {
+		for len(fp.Requests()) < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		fp.SetDelay(time.Minute)
+		fp.Set(faultproxy.Slow, 2)
+	}()
+	_, err := payloadstore.PublishBytes(ctx, s, "orders", randPayload(t, 40<<20))
+	if err == nil {
+		t.Fatal("publish succeeded although the server stalled past the timeout")
+	}
+	fp.Set(faultproxy.Pass, -1)
+	u, _ := url.Parse(direct)
+	prefix := strings.Trim(u.Path, "/") + "/"
+	out, lerr := storetest.S3Client(t).ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String(u.Host), Prefix: aws.String(prefix)})
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if len(out.Uploads) != 0 {
+		t.Fatalf("%d multipart uploads left under %s after a timed-out publish (%v)", len(out.Uploads), prefix, err)
 	}
 }
 

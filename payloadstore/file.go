@@ -113,12 +113,12 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 			os.Remove(tmp.Name())
 		}
 	}()
-	n, err := io.Copy(tmp, ctxio.Reader(ctx, io.LimitReader(p.Body, p.Size+1)))
-	if err != nil {
+	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
+	if _, err := io.Copy(tmp, ctxio.Reader(ctx, body)); err != nil {
 		return fail(err)
 	}
-	if n != p.Size {
-		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)}
+	if err := body.check(p); err != nil {
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
 	}
 	if err := tmp.Sync(); err != nil {
 		return fail(err)

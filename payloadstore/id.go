@@ -1,7 +1,12 @@
 package payloadstore
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"fmt"
+	"hash"
+	"io"
+	"strings"
 
 	"github.com/google/uuid"
 )
@@ -33,4 +38,54 @@ func ParseIDGenerator(name string) (IDGenerator, error) {
 		return IDSHA256{}, nil
 	}
 	return nil, fmt.Errorf("large.message.payload.id.generator: %q is not one of uuid, sha256", name)
+}
+
+// IsContentID reports whether fullPath names an object by content id (its
+// last segment is 64 lowercase hex digits, a SHA-256): such an object may be
+// shared by several records (equal keys, or equal values with
+// large.message.payload.id.generator=sha256), so a failed produce must never
+// delete it.
+func IsContentID(fullPath string) bool {
+	id := fullPath[strings.LastIndexByte(fullPath, '/')+1:]
+	if len(id) != 64 {
+		return false
+	}
+	for _, c := range id {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// digestReader hashes and counts what a store reads from a payload body, so
+// the store can refuse to commit an object whose bytes are not the payload's
+// (Size and SHA256) before anything becomes visible at its path.
+type digestReader struct {
+	r io.Reader
+	h hash.Hash
+	n int64
+}
+
+func newDigestReader(r io.Reader) *digestReader { return &digestReader{r: r, h: sha256.New()} }
+
+func (d *digestReader) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	d.h.Write(p[:n])
+	d.n += int64(n)
+	return n, err
+}
+
+// check returns an ErrPayloadChanged error when the bytes read differ from p
+// in length, or in digest when p.SHA256 is set.
+func (d *digestReader) check(p Payload) error {
+	if d.n != p.Size {
+		return fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, d.n, p.Size)
+	}
+	if p.SHA256 != ([sha256.Size]byte{}) {
+		if got := d.h.Sum(nil); !bytes.Equal(got, p.SHA256[:]) {
+			return fmt.Errorf("%w: body has SHA-256 %x, the payload %x", ErrPayloadChanged, got, p.SHA256)
+		}
+	}
+	return nil
 }

@@ -76,12 +76,12 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 	}
 	var buf bytes.Buffer
 	buf.Grow(int(p.Size))
-	n, err := io.Copy(&buf, ctxio.Reader(ctx, io.LimitReader(p.Body, p.Size+1)))
-	if err == nil && n != p.Size {
-		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, n, p.Size)}
-	}
-	if err != nil {
+	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
+	if _, err := io.Copy(&buf, ctxio.Reader(ctx, body)); err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: true, Err: err}
+	}
+	if err := body.check(p); err != nil {
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
 	}
 	s.b.mu.Lock()
 	s.b.objects[key] = memObject{data: buf.Bytes(), mod: time.Now()}

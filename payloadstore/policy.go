@@ -132,16 +132,26 @@ func (w *policyStore) Publish(ctx context.Context, topic string, pl Payload) (Pa
 	// A store that did not read through Body (a stub, or one that reads the
 	// source another way) is not checked here.
 	if got := hb.h.Sum(nil); hb.n > 0 && (hb.n != pl.Size || !bytes.Equal(got, pl.SHA256[:])) {
-		derr := w.Delete(context.WithoutCancel(ctx), resp.FullPayloadPath)
+		derr := w.undo(ctx, resp.FullPayloadPath)
 		return PayloadResponse{}, &Error{Op: "publish", Path: resp.FullPayloadPath,
 			Err: errors.Join(fmt.Errorf("%w: the store read %d bytes with SHA-256 %x, the payload was %d bytes with %x", ErrPayloadChanged, hb.n, got, pl.Size, pl.SHA256), derr)}
 	}
 	if max := w.p.CustomMetadataMaxBytes; len(resp.CustomMetadata) > max {
-		derr := w.Delete(context.WithoutCancel(ctx), resp.FullPayloadPath)
+		derr := w.undo(ctx, resp.FullPayloadPath)
 		return PayloadResponse{}, &Error{Op: "publish", Path: resp.FullPayloadPath,
 			Err: errors.Join(fmt.Errorf("%w: %d bytes > %d", ErrCustomMetadataTooLarge, len(resp.CustomMetadata), max), derr)}
 	}
 	return resp, nil
+}
+
+// undo deletes an object just published that must not be referenced, unless
+// it is named by content id: then other records may already reference the
+// same object, and it stays.
+func (w *policyStore) undo(ctx context.Context, fullPath string) error {
+	if IsContentID(fullPath) {
+		return nil
+	}
+	return w.Delete(context.WithoutCancel(ctx), fullPath)
 }
 
 func (w *policyStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {

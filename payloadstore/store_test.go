@@ -404,6 +404,32 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 		}
 	})
 
+	// Found by review: a content-id object may already be referenced by
+	// other records. A second publish of the same content whose body
+	// changes during the upload must fail without touching (overwriting or
+	// deleting) the object that is already there.
+	t.Run("ChangedBodyKeepsSharedContentObject", func(t *testing.T) {
+		s := payloadstore.Wrap(open(t), payloadstore.Policy{Timeout: 60 * time.Second, CustomMetadataMaxBytes: 128})
+		data := randBytes(t, 6<<20+7)
+		p := payloadstore.BytesPayload(data)
+		p.ID = p.HexSHA256()
+		first, err := s.Publish(ctx, conformanceTopic, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed := bytes.Clone(data)
+		changed[len(changed)-1] ^= 0xff
+		p2 := p
+		p2.Body = bytes.NewReader(changed) // same Size and SHA256, other bytes
+		if _, err := s.Publish(ctx, conformanceTopic, p2); !errors.Is(err, payloadstore.ErrPayloadChanged) {
+			t.Fatalf("publish of a changed body: %v, want ErrPayloadChanged", err)
+		}
+		got, err := payloadstore.DownloadBytes(ctx, s, first.FullPayloadPath)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("the shared content-id object after a failed publish: %d bytes, %v; want the original %d bytes", len(got), err, len(data))
+		}
+	})
+
 	// A payload of several upload parts (cloud stores use 5 MiB parts in
 	// these tests) streams from a reader that is not a byte slice.
 	t.Run("MultiPartStream", func(t *testing.T) {
@@ -1224,4 +1250,19 @@ func randBytes(t testing.TB, n int) []byte {
 func objectKey(topic, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	return topic + "/" + hex.EncodeToString(sum[:1]) + "/" + id
+}
+
+func TestIsContentID(t *testing.T) {
+	sum := sha256.Sum256([]byte("x"))
+	for path, want := range map[string]bool{
+		"s3://b/p/orders/ab/" + hex.EncodeToString(sum[:]):                  true,
+		"file:///d/orders/" + hex.EncodeToString(sum[:]):                    true,
+		"s3://b/p/orders/ab/" + strings.ToUpper(hex.EncodeToString(sum[:])): false,
+		"s3://b/p/orders/ab/" + uuid.NewString():                            false,
+		"":                                                                  false,
+	} {
+		if got := payloadstore.IsContentID(path); got != want {
+			t.Errorf("IsContentID(%q) = %v, want %v", path, got, want)
+		}
+	}
 }

@@ -174,7 +174,12 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 }
 
 // discard deletes an object whose reference was never produced.
+// An object named by content id may be referenced by earlier records (equal
+// keys, or equal values with the sha256 id generator): it stays.
 func (s *sender) discard(ctx context.Context, path string) {
+	if payloadstore.IsContentID(path) {
+		return
+	}
 	if err := s.store.Delete(context.WithoutCancel(ctx), path); err != nil {
 		slog.Warn("could not delete an unreferenced payload", "path", path, "err", err)
 	}

@@ -54,15 +54,8 @@ func S3URL(t testing.TB, bucket string) string {
 	endpoint := NeedEnv(t, "FERRY_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")[0]
 	if _, done := bucketsMade.Load("s3/" + bucket); !done {
 		ctx := context.Background()
-		cfg, err := config.LoadDefaultConfig(ctx, config.WithRegion("us-east-1"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := s3.NewFromConfig(cfg, func(o *s3.Options) {
-			o.BaseEndpoint = aws.String(endpoint)
-			o.UsePathStyle = true
-		})
-		_, err = c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
+		c := S3Client(t)
+		_, err := c.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
 		var owned *s3types.BucketAlreadyOwnedByYou
 		var exists *s3types.BucketAlreadyExists
 		if err != nil && !errors.As(err, &owned) && !errors.As(err, &exists) {
@@ -72,6 +65,21 @@ func S3URL(t testing.TB, bucket string) string {
 	}
 	q := url.Values{"endpoint": {endpoint}, "use_path_style": {"true"}, "region": {"us-east-1"}}
 	return "s3://" + bucket + "/t-" + uuid.NewString()[:8] + "?" + q.Encode()
+}
+
+// S3Client is an S3 client of the test S3 server, for checks the
+// PayloadStore interface cannot make (multipart uploads left behind).
+func S3Client(t testing.TB) *s3.Client {
+	t.Helper()
+	endpoint := NeedEnv(t, "FERRY_S3_ENDPOINT")[0]
+	cfg, err := config.LoadDefaultConfig(context.Background(), config.WithRegion("us-east-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s3.NewFromConfig(cfg, func(o *s3.Options) {
+		o.BaseEndpoint = aws.String(endpoint)
+		o.UsePathStyle = true
+	})
 }
 
 // GCSURL returns a gs:// store URL on the fake GCS server with a fresh
