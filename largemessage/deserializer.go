@@ -183,7 +183,7 @@ func (d *Deserializer) open(ctx context.Context, rec *kgo.Record, sd side, refBy
 	if !ok {
 		return rc, -1, nil
 	}
-	return &verifier{rc: rc, r: io.LimitReader(rc, size+1), h: sha256.New(), size: size, sum: sum,
+	return &verifier{rc: rc, r: io.LimitReader(rc, size+1), h: sha256.New(), size: size, sum: sum, path: ref.FullPayloadPath,
 		fail: func(err error) error { return d.recordErr(rec, sd, ref.FullPayloadPath, err) }}, size, nil
 }
 
@@ -200,6 +200,7 @@ type verifier struct {
 	n    int64
 	size int64
 	sum  []byte
+	path string
 	fail func(error) error
 	err  error
 }
@@ -225,7 +226,11 @@ func (v *verifier) Read(p []byte) (int, error) {
 		}
 		return n, v.err
 	case err != nil:
-		v.err = v.fail(&payloadstore.Error{Op: "download", Retryable: true, Err: err})
+		var se *payloadstore.Error
+		if !errors.As(err, &se) {
+			err = &payloadstore.Error{Op: "download", Path: v.path, Retryable: true, Err: err}
+		}
+		v.err = v.fail(err)
 		return n, v.err
 	}
 	return n, nil

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"cloud.google.com/go/storage"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
@@ -108,14 +109,14 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		return nil, &Error{Op: "open", Path: string(root), Retryable: retryable, Err: scrub(err)}
 	}
 	if bucketName == "" {
-		return fail(false, fmt.Errorf("%w: no bucket in the URL (want %s://BUCKET/PREFIX)", ErrInvalidPath, u.Scheme))
+		return fail(false, fmt.Errorf("%w: no bucket in the URL (want %s://BUCKET/PREFIX)", ErrInvalidConfig, u.Scheme))
 	}
 	if u.User != nil {
-		return fail(false, fmt.Errorf("%w: credentials in the URL are not accepted; use the cloud's standard credential chain", ErrInvalidPath))
+		return fail(false, fmt.Errorf("%w: credentials in the URL are not accepted; use the cloud's standard credential chain", ErrInvalidConfig))
 	}
 	if prefix != "" {
 		if _, err := Root(u.Scheme + "://" + bucketName).Key(string(root) + "/x"); err != nil {
-			return fail(false, fmt.Errorf("%w: bad prefix %q", ErrInvalidPath, prefix))
+			return fail(false, fmt.Errorf("%w: bad prefix %q", ErrInvalidConfig, prefix))
 		}
 	}
 	partSize := opts.PartSizeBytes
@@ -123,14 +124,14 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		partSize = DefaultPartSizeBytes
 	}
 	if partSize < minPartSizeBytes {
-		return fail(false, fmt.Errorf("large.message.payload.store.part.size.bytes is %d; it must be at least %d (S3's smallest part)", partSize, minPartSizeBytes))
+		return fail(false, fmt.Errorf("%w: large.message.payload.store.part.size.bytes is %d; it must be at least %d (S3's smallest part)", ErrInvalidConfig, partSize, minPartSizeBytes))
 	}
 	concurrency := opts.UploadConcurrency
 	if concurrency == 0 {
 		concurrency = DefaultUploadConcurrency
 	}
 	if concurrency < 1 {
-		return fail(false, fmt.Errorf("large.message.payload.store.upload.concurrency is %d; it must be at least 1", concurrency))
+		return fail(false, fmt.Errorf("%w: large.message.payload.store.upload.concurrency is %d; it must be at least 1", ErrInvalidConfig, concurrency))
 	}
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket below.
@@ -144,7 +145,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		b, err = blob.OpenBucket(ctx, gu.String())
 	}
 	if err != nil {
-		return fail(false, err)
+		return fail(false, fmt.Errorf("%w: %v", ErrInvalidConfig, scrub(err)))
 	}
 	if prefix != "" {
 		b = blob.PrefixedBucket(b, prefix+"/")
@@ -156,7 +157,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	}
 	if !ok {
 		b.Close()
-		return fail(false, fmt.Errorf("%w: bucket %q does not exist", ErrPayloadNotFound, bucketName))
+		return fail(false, fmt.Errorf("%w: bucket %q does not exist", ErrInvalidConfig, bucketName))
 	}
 	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency, s3: s3c, s3Bucket: bucketName}
 	if prefix != "" {
@@ -275,10 +276,29 @@ func (s *BlobStore) List(ctx context.Context, topic string, fn func(ObjectInfo) 
 // invalid argument, failed precondition, unimplemented) are fatal; the rest
 // (unavailable, throttled, timeouts, connection errors) are retryable.
 func (s *BlobStore) fail(op, path string, err error) error {
+	if bucketMissing(err) {
+		return &Error{Op: op, Path: path, Err: fmt.Errorf("%w: the bucket does not exist: %v", ErrInvalidConfig, scrub(err))}
+	}
 	if gcerrors.Code(err) == gcerrors.NotFound || httpStatus(err) == http.StatusNotFound {
 		return &Error{Op: op, Path: path, Err: fmt.Errorf("%w: %v", ErrPayloadNotFound, scrub(err))}
 	}
 	return &Error{Op: op, Path: path, Retryable: retryable(err), Err: scrub(err)}
+}
+
+// bucketMissing reports whether err says the bucket or container itself is
+// gone (S3 NoSuchBucket, Azure ContainerNotFound, GCS bucket not found): that
+// is a configuration problem, not a missing payload, and must not be skipped
+// by large.message.skip.not.found.error.
+func bucketMissing(err error) bool {
+	var coded interface{ ErrorCode() string }
+	if errors.As(err, &coded) && coded.ErrorCode() == "NoSuchBucket" {
+		return true
+	}
+	var az *azcore.ResponseError
+	if errors.As(err, &az) && az.ErrorCode == "ContainerNotFound" {
+		return true
+	}
+	return errors.Is(err, storage.ErrBucketNotExist)
 }
 
 // retryable classifies a store error: by the HTTP status when the SDK
@@ -437,14 +457,31 @@ func (rr *resumingReader) Close() error { return rr.r.Close() }
 // signatures, tokens, account keys).
 var secretParam = regexp.MustCompile(`(?i)\b(sig|signature|x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|x-goog-credential|access_token|accountkey|sharedaccesssignature|client_secret)=[^&\s;"']+`)
 
-// scrub removes secrets from an error's text; see secretParam. Errors
-// without such text come back unchanged (errors.Is/As still see them).
+// urlPassword matches the password of user info inside a URL in a text.
+var urlPassword = regexp.MustCompile(`(://[^/@\s:]*):[^/@\s]*@`)
+
+// maxErrorText bounds the text of a store error: some SDK errors carry the
+// whole response body (Azure's XML), which makes a log line unreadable.
+const maxErrorText = 600
+
+// scrubText masks secrets in a text; see secretParam and urlPassword.
+func scrubText(s string) string {
+	s = secretParam.ReplaceAllString(s, "$1=REDACTED")
+	return urlPassword.ReplaceAllString(s, "$1:REDACTED@")
+}
+
+// scrub removes secrets from an error's text (see scrubText) and shortens
+// very long texts. Errors without such text come back unchanged
+// (errors.Is/As still see them).
 func scrub(err error) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	clean := secretParam.ReplaceAllString(msg, "$1=REDACTED")
+	clean := scrubText(msg)
+	if len(clean) > maxErrorText {
+		clean = strings.Join(strings.Fields(clean[:maxErrorText]), " ") + " …"
+	}
 	if clean == msg {
 		return err
 	}

@@ -20,6 +20,11 @@ var (
 	// from the payload's Size or SHA256 (its source changed during the
 	// upload); the object has been deleted and nothing references it.
 	ErrPayloadChanged = errors.New("payload changed while it was being published")
+	// ErrInvalidConfig: the store URL or its settings are wrong (malformed
+	// URL, no bucket, credentials in the URL, a bad prefix or parameter, a
+	// part size below the minimum, a missing bucket). Another attempt will
+	// not help; fix the configuration.
+	ErrInvalidConfig = errors.New("invalid payload store configuration")
 	// ErrUnknownScheme: Open was given a URL whose scheme no store registered.
 	ErrUnknownScheme = errors.New("no payload store is registered for this URL scheme")
 )

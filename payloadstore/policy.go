@@ -101,7 +101,10 @@ func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return zero, fmt.Errorf("after %s, large.message.payload.store.timeout.ms ran out: %w", attempts(attempt+1), errors.Join(err, ctx.Err()))
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return zero, fmt.Errorf("after %s, large.message.payload.store.timeout.ms ran out: %w", attempts(attempt+1), errors.Join(err, ctx.Err()))
+			}
+			return zero, fmt.Errorf("after %s, cancelled: %w", attempts(attempt+1), ctx.Err())
 		case <-t.C:
 		}
 		backoff *= 2

@@ -1,6 +1,7 @@
 package payloadstore
 
 import (
+	"errors"
 	"context"
 	"fmt"
 	"net/url"
@@ -68,13 +69,19 @@ func Schemes() []string {
 func Open(ctx context.Context, rawURL string, opts Options) (PayloadStore, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, &Error{Op: "open", Path: redact(rawURL), Err: err}
+		// *url.Error repeats the whole URL, secrets included: keep only
+		// its cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, &Error{Op: "open", Path: RedactURL(rawURL), Err: fmt.Errorf("%w: malformed URL: %v", ErrInvalidConfig, err)}
 	}
 	registryMu.RLock()
 	open := registry[u.Scheme]
 	registryMu.RUnlock()
 	if open == nil {
-		return nil, &Error{Op: "open", Path: u.Redacted(), Err: fmt.Errorf("%w %q (known: %v)", ErrUnknownScheme, u.Scheme, Schemes())}
+		return nil, &Error{Op: "open", Path: RedactURL(rawURL), Err: fmt.Errorf("%w %q (known: %v)", ErrUnknownScheme, u.Scheme, Schemes())}
 	}
 	if opts.IDGenerator == nil {
 		opts.IDGenerator = IDUUID{}
@@ -82,10 +89,16 @@ func Open(ctx context.Context, rawURL string, opts Options) (PayloadStore, error
 	return open(ctx, u, opts)
 }
 
-// redact hides anything after "://user:" in an unparsable URL.
-func redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
+// RedactURL returns a store URL fit for logs and errors: user info is
+// dropped, secret-bearing query parameters (sig, X-Amz-Signature,
+// X-Amz-Security-Token, AccountKey, …) are masked, and so is a password inside
+// a nested URL (endpoint=http://user:pass@host). An unparsable URL gives
+// "<unparsable URL>".
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<unparsable URL>"
 	}
-	return "<unparsable URL>"
+	u.User = nil
+	return scrubText(u.String())
 }

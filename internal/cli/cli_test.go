@@ -306,7 +306,10 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud", "demo"}, 2, "--log-level"},
 		{"unreachable broker (produce)", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", f}, 1, "cannot reach Kafka at 127.0.0.1:1: "},
 		{"unreachable broker (consume)", []string{"consume", "--brokers", "127.0.0.1:1", "--topic", "t"}, 1, "cannot reach Kafka at 127.0.0.1:1: "},
-		{"bad store", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "nope://x", f}, 1, "cannot open payload store nope://x"},
+		{"bad store", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "nope://x", f}, 2, "cannot open payload store nope://x"},
+		// Found by review: secrets in a bad store URL are not echoed.
+		{"bad store URL with secrets", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "s3://AKIAX:TopSecret1@b/%zz?sig=TopSecret2", f}, 2, "malformed URL"},
+		{"store URL with credentials", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "s3://AKIAX:TopSecret1@b/p?sig=TopSecret2&x-amz-security-token=TopSecret3", f}, 2, "credentials in the URL are not accepted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := run(t, nil, tc.args...)
@@ -314,6 +317,9 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 				t.Errorf("exit %d, want %d", r.code, tc.code)
 			}
 			oneErrorLine(t, r, tc.want)
+			if strings.Contains(r.stderr+r.stdout, "TopSecret") {
+				t.Errorf("a secret from the command line is echoed: %q", r.stderr)
+			}
 			if r.took > 5*time.Second {
 				t.Errorf("took %s", r.took)
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -198,17 +197,16 @@ func (s *settings) openStore(ctx context.Context) (payloadstore.PayloadStore, er
 	}
 	st, err := open(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("cannot open payload store %s: %w", redactURL(s.cfg.StoreURL), err)
+		err = fmt.Errorf("cannot open payload store %s: %w", redactURL(s.cfg.StoreURL), err)
+		if errors.Is(err, payloadstore.ErrInvalidConfig) || errors.Is(err, payloadstore.ErrUnknownScheme) {
+			return nil, &usageError{err: err} // exit 2: fix the configuration
+		}
+		return nil, err
 	}
 	return st, nil
 }
 
-func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	return "<unparsable URL>"
-}
+func redactURL(raw string) string { return payloadstore.RedactURL(raw) }
 
 // errNoStore: a record had to go through the payload store but none is set.
 var errNoStore = errors.New("no payload store is set: use --store URL or -X " + largemessage.KeyStoreURL + "=URL (e.g. file:///var/ferry)")
