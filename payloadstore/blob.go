@@ -385,8 +385,8 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucke
 	return b, client, err
 }
 
-// abortIncomplete aborts the S3 multipart uploads of key begun in the last
-// hour. gocloud.dev aborts a failed upload with the upload's own context,
+// abortIncomplete aborts, in the background, the S3 multipart uploads of
+// key begun in the last hour. gocloud.dev aborts a failed upload with the upload's own context,
 // which is already over when a timeout or a cancel caused the failure; the
 // parts would stay, invisible but billed. A fresh context bounded to 30 s is
 // used here. Other stores need nothing: uncommitted GCS resumable uploads and
@@ -396,7 +396,13 @@ func (s *BlobStore) abortIncomplete(ctx context.Context, key string) {
 	if s.s3 == nil {
 		return
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	// In the background: the publish has failed already and must not wait
+	// beyond large.message.payload.store.timeout.ms for the clean-up.
+	go s.abortUploads(context.WithoutCancel(ctx), key)
+}
+
+func (s *BlobStore) abortUploads(ctx context.Context, key string) {
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	full := s.s3Prefix + key
 	out, err := s.s3.ListMultipartUploads(actx, &s3.ListMultipartUploadsInput{Bucket: &s.s3Bucket, Prefix: &full})

@@ -166,12 +166,19 @@ func TestS3TimeoutMidMultipartLeavesNoParts(t *testing.T) {
 	fp.Set(faultproxy.Pass, -1)
 	u, _ := url.Parse(direct)
 	prefix := strings.Trim(u.Path, "/") + "/"
-	out, lerr := storetest.S3Client(t).ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String(u.Host), Prefix: aws.String(prefix)})
-	if lerr != nil {
-		t.Fatal(lerr)
+	// The abort runs in the background: give it a bounded while.
+	left := -1
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		out, lerr := storetest.S3Client(t).ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String(u.Host), Prefix: aws.String(prefix)})
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		if left = len(out.Uploads); left == 0 {
+			break
+		}
 	}
-	if len(out.Uploads) != 0 {
-		t.Fatalf("%d multipart uploads left under %s after a timed-out publish (%v)", len(out.Uploads), prefix, err)
+	if left != 0 {
+		t.Fatalf("%d multipart uploads left under %s after a timed-out publish (%v)", left, prefix, err)
 	}
 }
 

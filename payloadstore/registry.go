@@ -1,8 +1,8 @@
 package payloadstore
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
