@@ -32,6 +32,12 @@ const (
 	defaultMaxPollInterval = 300 * time.Second
 )
 
+// Keys returns the large.message.* configuration keys Ferry knows.
+func Keys() []string {
+	return []string{KeyCustomMetadataMax, KeyIDGenerator, KeyPartSize, KeyRetryBackoff, KeyRetryCount,
+		KeyRetryMaxBackoff, KeyStoreTimeout, KeyUploadConcurrency, KeyStoreURL, KeySkipNotFound, KeyThreshold}
+}
+
 // Config is the large-message Serializer/Deserializer configuration.
 type Config struct {
 	// StoreURL names the payload store (large.message.payload.store.url),

@@ -15,6 +15,7 @@ import (
 	"cloud.google.com/go/storage"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/logging"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	gcaws "gocloud.dev/aws"
 	"gocloud.dev/blob"
@@ -157,7 +158,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	}
 	if !ok {
 		b.Close()
-		return fail(false, fmt.Errorf("%w: bucket %q does not exist", ErrInvalidConfig, bucketName))
+		return fail(false, fmt.Errorf("%w: bucket (or container) %q does not exist", ErrInvalidConfig, bucketName))
 	}
 	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency, s3: s3c, s3Bucket: bucketName}
 	if prefix != "" {
@@ -378,6 +379,9 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucke
 	if err != nil {
 		return nil, nil, err
 	}
+	// The SDK logs to stderr by default (e.g. "falling back to IMDSv1"
+	// while looking for credentials); Ferry reports errors itself.
+	cfg.Logger = logging.Nop{}
 	clientOpts = append(clientOpts, func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
 	client := s3.NewFromConfig(cfg, clientOpts...)
 	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation

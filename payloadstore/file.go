@@ -21,6 +21,10 @@ const FileStoreClass = "ferry.payloadstore.FileStore"
 
 func init() { Register("file", openFile) }
 
+// objectMode is the permission of a stored object: readable by all, like a
+// file created with the usual umask 022. Access control is the directory's.
+const objectMode = 0o644
+
 // FileStore keeps payloads as files under a directory: "file:///DIR"
 // (absolute) stores <topic>/<id> below DIR. It is the embedded default and
 // suits a shared file system (NFS, a mounted volume) as well.
@@ -44,6 +48,9 @@ func openFile(_ context.Context, u *url.URL, opts Options) (PayloadStore, error)
 		} else if !st.IsDir() {
 			return nil, &Error{Op: "open", Path: u.Path, Err: errors.New("not a directory")}
 		}
+	}
+	if opts.ReadOnly {
+		return newFileStore(filepath.Clean(u.Path), opts.IDGenerator), nil
 	}
 	return NewFileStore(u.Path, opts.IDGenerator)
 }
@@ -69,6 +76,10 @@ func NewFileStore(dir string, gen IDGenerator) (*FileStore, error) {
 		probe.Close()
 		os.Remove(probe.Name())
 	}
+	return newFileStore(dir, gen), nil
+}
+
+func newFileStore(dir string, gen IDGenerator) *FileStore {
 	if gen == nil {
 		gen = IDUUID{}
 	}
@@ -76,7 +87,7 @@ func NewFileStore(dir string, gen IDGenerator) (*FileStore, error) {
 	if dir == "/" {
 		root = "file://"
 	}
-	return &FileStore{dir: dir, root: Root(root), gen: gen}, nil
+	return &FileStore{dir: dir, root: Root(root), gen: gen}
 }
 
 func (s *FileStore) Class() string       { return FileStoreClass }
@@ -119,6 +130,12 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	}
 	if err := body.check(p); err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
+	}
+	// os.CreateTemp makes 0600 files; a store shared by producers and
+	// consumers running as other users needs them readable, as a plain
+	// 0644 file would be.
+	if err := tmp.Chmod(objectMode); err != nil {
+		return fail(err)
 	}
 	if err := tmp.Sync(); err != nil {
 		return fail(err)
@@ -184,6 +201,9 @@ func (s *FileStore) Delete(_ context.Context, fullPath string) error {
 	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return &Error{Op: "delete", Path: fullPath, Retryable: true, Err: err}
 	}
+	// An emptied shard folder goes too (it fails, harmlessly, when other
+	// objects or a concurrent upload's temp file are still in it).
+	_ = os.Remove(filepath.Dir(name))
 	return nil
 }
 

@@ -189,6 +189,9 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		return err
 	}
 	n, err := io.Copy(tmp, rc)
+	if err == nil {
+		err = tmp.Chmod(0o644) // CreateTemp makes 0600; the output is an ordinary file
+	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

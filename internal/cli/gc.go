@@ -122,12 +122,12 @@ func (a *app) gcSummary(f gcFlags, sum lifecycle.Summary) {
 	verb, freed := "deleted", "bytes freed"
 	if f.dryRun {
 		verb, freed = "would delete", "bytes would be freed"
-		for _, c := range sum.Candidates {
-			fmt.Fprintf(w, "would delete %s (%d bytes)\n", c.FullPath, c.Size)
-		}
+	}
+	for _, c := range sum.Candidates { // each path, for the audit trail
+		fmt.Fprintf(w, "%s %s (%d bytes)\n", verb, c.FullPath, c.Size)
 	}
 	fmt.Fprintf(w, "topic %s (cleanup.policy=%s): %d records read, %d live references\n", f.topic, policy, sum.RecordsRead, sum.LiveReferences)
-	fmt.Fprintf(w, "objects: %d listed, %d kept referenced, %d kept newer than %s, %d %s, %d %s",
+	fmt.Fprintf(w, "objects: %d listed, %d kept referenced, %d kept newer than %s (not checked), %d %s, %d %s",
 		sum.Listed, sum.Referenced, sum.TooNew, f.grace, sum.Deleted, verb, sum.BytesFreed, freed)
 	if sum.Failed > 0 {
 		fmt.Fprintf(w, ", %d failed", sum.Failed)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,7 +60,9 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 		p[largemessage.KeyStoreURL] = u
 	}
 	s := &settings{props: p}
-	warnIgnored(p)
+	if err := warnIgnored(p); err != nil {
+		return nil, err
+	}
 	for _, b := range strings.Split(p[keyBootstrap], ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			s.brokers = append(s.brokers, b)
@@ -76,17 +79,21 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 
 // warnIgnored warns about properties ferry does not apply, so that a
 // setting such as security.protocol is not dropped silently.
-func warnIgnored(p map[string]string) {
+func warnIgnored(p map[string]string) error {
 	for _, k := range props.Keys(p) {
 		switch {
 		case k == keyBootstrap, k == keyClientID, k == keyMaxRequestSize,
 			k == largemessage.KeyCompressionType, k == largemessage.KeyMaxBlock, k == largemessage.KeyMaxPollInterval,
-			strings.HasPrefix(k, "large.message."),
+			slices.Contains(largemessage.Keys(), k),
 			strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
+		case strings.HasPrefix(k, "large.message."):
+			// Ferry's own namespace: an unknown key there is a typo.
+			return usageErrorf("unknown property %s (the large.message.* keys are: %s)", k, strings.Join(largemessage.Keys(), ", "))
 		default:
 			slog.Warn("property not supported by ferry; ignored", "key", k)
 		}
 	}
+	return nil
 }
 
 // normalizeStoreURL accepts a store URL, or a plain directory path which
