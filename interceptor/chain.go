@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -258,5 +257,3 @@ func bySize(recs []kmsg.Record, idx []int) {
 	}
 	sort.SliceStable(idx, func(a, b int) bool { return size(&recs[idx[a]]) > size(&recs[idx[b]]) })
 }
-
-var _ = slices.Clone[[]byte]

@@ -278,7 +278,11 @@ func (c *Chain) shrink(ctx context.Context, w *watch, topic string, partition in
 			before := len(r.Key) + len(r.Value)
 			for _, s := range shrinkers {
 				var did bool
-				err := c.call(ctx, w, proc{name: fmt.Sprintf("%T", s), call: func(ctx context.Context, r *Record) error {
+				name := fmt.Sprintf("%T", s)
+				if n, ok := s.(interface{ Name() string }); ok {
+					name = n.Name()
+				}
+				err := c.call(ctx, w, proc{name: name, call: func(ctx context.Context, r *Record) error {
 					var err error
 					did, err = s.Shrink(ctx, r)
 					return err
