@@ -23,8 +23,8 @@ type funcIcpt struct {
 	fn   func(context.Context, *Record) error
 }
 
-func (f *funcIcpt) Name() string                                     { return f.name }
-func (f *funcIcpt) TopicPattern() *regexp.Regexp                     { return f.re }
+func (f *funcIcpt) Name() string                                       { return f.name }
+func (f *funcIcpt) TopicPattern() *regexp.Regexp                       { return f.re }
 func (f *funcIcpt) ProcessRecord(ctx context.Context, r *Record) error { return f.fn(ctx, r) }
 
 func icpt(t *testing.T, name, pattern string, fn func(context.Context, *Record) error) *funcIcpt {

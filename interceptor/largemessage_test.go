@@ -3,13 +3,16 @@ package interceptor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -177,5 +180,42 @@ func TestLargeMessagePattern(t *testing.T) {
 	}
 	if !bytes.Equal(cl.orig[0].Topics[0].Partitions[0].Records, cl.sent[0].Topics[0].Partitions[0].Records) {
 		t.Fatal("a topic outside the pattern was rewritten")
+	}
+}
+
+// A store that cannot take the payload (its directory replaced by a file, a
+// real fault of the file store): the producer gets KAFKA_STORAGE_ERROR
+// (retriable) and nothing is appended.
+func TestLargeMessageStoreOutage(t *testing.T) {
+	dir := t.TempDir() + "/store"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in, err := New(context.Background(), "large-message", map[string]string{largemessage.KeyStoreURL: "file://" + dir,
+		largemessage.KeyRetryCount: "1", largemessage.KeyRetryBackoff: "1", largemessage.KeyStoreTimeout: "2000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cl := newCluster(t, map[string]map[string]*string{"big": nil})
+	cl.use(Options{}, in)
+	c := cl.client(t, kgo.RecordRetries(1))
+	err = firstErr(produceBatch(t, c, &kgo.Record{Topic: "big", Value: randomBytes(3, 2<<20)}, &kgo.Record{Topic: "big", Value: []byte("small")}))
+	if !errors.Is(err, kerr.KafkaStorageError) {
+		t.Fatalf("producer got %v, want KAFKA_STORAGE_ERROR", err)
+	}
+	a := cl.outcomes[0].Answered[0]
+	var se *payloadstore.Error
+	if !errors.As(a.Err, &se) || !strings.Contains(a.ErrorMessage, "large-message") {
+		t.Fatalf("answer %+v", a)
+	}
+	resp, _ := fetchRaw(t, c, "big")
+	if n := len(records(t, "big", &resp.Topics[0].Partitions[0])); n != 0 {
+		t.Fatalf("%d records appended", n)
 	}
 }
