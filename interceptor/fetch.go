@@ -2,6 +2,9 @@ package interceptor
 
 import (
 	"context"
+	"encoding/binary"
+	"slices"
+	"sort"
 	"errors"
 	"fmt"
 
@@ -81,9 +84,10 @@ func (c *Chain) InterceptFetch(ctx context.Context, resp *kmsg.FetchResponse) Fe
 				err     error
 				code    int16
 			}
-			set, part := p.RecordBatches, p.Partition // the worker must not read p: it may outlive the budget
+			// The worker must not read p: it may outlive the budget.
+			set, part, aborted := p.RecordBatches, p.Partition, slices.Clone(p.AbortedTransactions)
 			v, f := c.run(ctx, func(ctx context.Context, w *watch) (any, *failure) {
-				b, changed, failAt, code, err := c.fetchPartition(ctx, w, name, part, set, ps)
+				b, changed, failAt, code, err := c.fetchPartition(ctx, w, name, part, set, aborted, ps)
 				return res{b, changed, failAt, err, code}, nil
 			})
 			if f != nil {
@@ -119,7 +123,10 @@ func (c *Chain) InterceptFetch(ctx context.Context, resp *kmsg.FetchResponse) Fe
 
 // fetchPartition rewrites a partition's record set. On error, out holds
 // the rewritten batches before the failing one, failAt its index.
-func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, partition int32, set []byte, ps []proc) (out []byte, changed bool, failAt int, code int16, err error) {
+func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, partition int32, set []byte,
+	aborted []kmsg.FetchResponseTopicPartitionAbortedTransaction, ps []proc) (out []byte, changed bool, failAt int, code int16, err error) {
+	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
+	aborting := map[int64]bool{}
 	rest := set
 	for n := 0; len(rest) > 0; n++ {
 		raw, next, complete := splitBatch(rest)
@@ -128,6 +135,26 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, part
 			break
 		}
 		rest = next
+		// Batches of aborted transactions (read_committed: the response
+		// lists them) pass untouched, as consumers drop them: their
+		// payloads may be gone (ferry gc keeps committed data only).
+		if len(raw) >= batchHeaderLen && raw[magicOffset] == 2 {
+			first := int64(binary.BigEndian.Uint64(raw))
+			last := first + int64(int32(binary.BigEndian.Uint32(raw[23:])))
+			pid := int64(binary.BigEndian.Uint64(raw[43:]))
+			attrs := int16(binary.BigEndian.Uint16(raw[attrOffset:]))
+			for len(aborted) > 0 && aborted[0].FirstOffset <= last {
+				aborting[aborted[0].ProducerID] = true
+				aborted = aborted[1:]
+			}
+			if attrs&attrTransactional != 0 && aborting[pid] {
+				if attrs&attrControl != 0 {
+					delete(aborting, pid) // the abort marker ends the transaction
+				}
+				out = append(out, raw...)
+				continue
+			}
+		}
 		nb, err := c.fetchBatch(ctx, w, topic, partition, raw, ps)
 		if err != nil {
 			return out, true, n, codeOf(err, kerr.KafkaStorageError.Code), err

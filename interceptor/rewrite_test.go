@@ -287,13 +287,19 @@ func TestTransactionalBatches(t *testing.T) {
 	if len(controls) != 2 {
 		t.Fatalf("%d control batches fetched, want 2", len(controls))
 	}
+	var seen []string
 	fc := NewChain([]Instance{{Fetch: icpt(t, "lower", "t", func(_ context.Context, r *Record) error {
+		seen = append(seen, string(r.Value))
 		r.Value = bytes.ToLower(r.Value)
 		return nil
 	})}}, Options{TopicName: cl.names})
 	out := fc.InterceptFetch(ctx, resp)
 	if len(out.Failed) != 0 || out.Rewritten != 1 {
 		t.Fatalf("fetch outcome %+v", out)
+	}
+	// read_committed: the aborted transaction's batch is not intercepted.
+	if len(resp.Topics[0].Partitions[0].AbortedTransactions) != 1 || len(seen) != 1 || seen[0] != "COMMIT=TRUE" {
+		t.Fatalf("fetch interceptor saw %q (aborted %v)", seen, resp.Topics[0].Partitions[0].AbortedTransactions)
 	}
 	for _, cb := range controls {
 		if !bytes.Contains(p.RecordBatches, cb) {
