@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -19,8 +20,13 @@ import (
 // the values as they would be sent.
 func runProduce(t *testing.T, in Instance, values ...string) (ProduceOutcome, []string) {
 	t.Helper()
+	return runProduceChain(t, NewChain([]Instance{in}, Options{}), values...)
+}
+
+func runProduceChain(t *testing.T, ch *Chain, values ...string) (ProduceOutcome, []string) {
+	t.Helper()
 	req := buildRequest(t, map[string][]byte{"t": plainBatch(t, 1, -1, values...)}) // gzip
-	out := NewChain([]Instance{in}, Options{}).InterceptProduce(context.Background(), req, nil)
+	out := ch.InterceptProduce(context.Background(), req, nil)
 	var got []string
 	if len(req.Topics) == 1 {
 		checkBatches(t, req.Topics[0].Partitions[0].Records)
@@ -277,4 +283,34 @@ func TestRegistry(t *testing.T) {
 		t.Fatal("topic patterns must match whole names")
 	}
 	_ = kgo.Record{}
+}
+
+func TestBuild(t *testing.T) {
+	ch, err := Build(context.Background(), []Spec{
+		{Name: "validate-json"},
+		{Name: "redact", Config: map[string]string{KeyRedactFields: "pw"}},
+	}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if !ch.HasProduce() || ch.HasFetch() {
+		t.Fatal("both built-ins default to produce")
+	}
+	_, got := runProduceChain(t, ch, `{"pw":"x"}`)
+	if len(got) != 1 || got[0] != `{"pw":"***"}` {
+		t.Fatalf("got %v", got)
+	}
+	if _, err := Build(context.Background(), []Spec{{Name: "validate-json"}, {Name: "redact"}}, Options{}); err == nil ||
+		!strings.Contains(err.Error(), "interceptors[1]") {
+		t.Fatalf("bad spec: %v", err)
+	}
+	for v, want := range map[string]time.Duration{"": DefaultTimeout, "250": 250 * time.Millisecond} {
+		if d, err := ParseTimeout(map[string]string{KeyTimeout: v}); err != nil || d != want {
+			t.Fatalf("%q: %v %v", v, d, err)
+		}
+	}
+	if _, err := ParseTimeout(map[string]string{KeyTimeout: "-1"}); err == nil {
+		t.Fatal("negative timeout accepted")
+	}
 }

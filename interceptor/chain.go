@@ -38,6 +38,8 @@ type Chain struct {
 	fetch   []FetchResponseInterceptor
 	timeout time.Duration
 	names   func([16]byte) (string, bool)
+	// instances are closed by Close (set by Build).
+	instances []Instance
 }
 
 // NewChain returns a chain of the produce and fetch interceptors of

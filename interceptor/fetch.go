@@ -3,10 +3,10 @@ package interceptor
 import (
 	"context"
 	"encoding/binary"
-	"slices"
-	"sort"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
