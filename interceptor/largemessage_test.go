@@ -219,3 +219,44 @@ func TestLargeMessageStoreOutage(t *testing.T) {
 		t.Fatalf("%d records appended", n)
 	}
 }
+
+// A transactional producer with large-message active: both transactions'
+// large records are offloaded, the batches stay transactional (kfake
+// accepts them), and a read_committed fetch resolves the committed record
+// while the aborted one is left alone.
+func TestLargeMessageTransactional(t *testing.T) {
+	in, _ := lmSetup(t, nil)
+	limit := "100000"
+	cl := newCluster(t, map[string]map[string]*string{"big": {"max.message.bytes": &limit}})
+	cl.use(Options{}, in)
+	c := cl.client(t, kgo.TransactionalID("lm-tx"), kgo.ProducerBatchCompression(kgo.ZstdCompression()))
+	ctx := context.Background()
+	vals := map[bool][]byte{false: randomBytes(7, 400<<10), true: randomBytes(8, 400<<10)}
+	for _, commit := range []bool{false, true} {
+		if err := c.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := firstErr(produceBatch(t, c, &kgo.Record{Topic: "big", Value: vals[commit]})); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, _ := fetchRaw(t, c, "big")
+	var resolved int
+	fc := NewChain([]Instance{in, {Fetch: icpt(t, "count", "big", func(_ context.Context, r *Record) error {
+		resolved++
+		if !bytes.Equal(r.Value, vals[true]) {
+			t.Errorf("the fetch chain saw a record other than the committed one (%d bytes)", len(r.Value))
+		}
+		return nil
+	})}}, Options{TopicName: cl.names})
+	if out := fc.InterceptFetch(ctx, resp); len(out.Failed) != 0 {
+		t.Fatalf("fetch outcome %+v", out)
+	}
+	got := records(t, "big", &resp.Topics[0].Partitions[0])
+	if resolved != 1 || len(got) != 1 || !bytes.Equal(got[0].Value, vals[true]) || hasFerryHeaders(got[0]) {
+		t.Fatalf("read_committed: %d records, %d seen by the chain", len(got), resolved)
+	}
+}
