@@ -1,0 +1,201 @@
+package interceptor
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Magic v2 record batch layout (Kafka's DefaultRecordBatch): the CRC-32C at
+// byte 17 covers everything from the attributes (byte 21) to the end.
+const (
+	batchHeaderLen = 61 // 8 offset + 4 length + 49 after the length
+	lengthOffset   = 8
+	magicOffset    = 16
+	crcOffset      = 17
+	attrOffset     = 21
+
+	attrCodecMask     = 0x07
+	attrTransactional = 0x10
+	attrControl       = 0x20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+var codecNames = [...]string{"none", "gzip", "snappy", "lz4", "zstd"}
+
+// codecName names the codec of a batch's attributes.
+func codecName(attrs int16) string {
+	if c := int(attrs & attrCodecMask); c < len(codecNames) {
+		return codecNames[c]
+	}
+	return fmt.Sprintf("unknown codec %d", attrs&attrCodecMask)
+}
+
+// errBatch is a malformed batch; on produce it is CORRUPT_MESSAGE.
+type errBatch struct{ msg string }
+
+func (e *errBatch) Error() string { return e.msg }
+
+func corrupt(format string, args ...any) error { return &errBatch{fmt.Sprintf(format, args...)} }
+
+// errMagic is a v0/v1 message set on a topic an interceptor matches.
+var errMagic = errors.New("message format v0/v1 (magic < 2) cannot be intercepted; only record batches (magic v2) can")
+
+// splitBatch returns the first batch of b (its raw bytes) and the rest.
+// complete is false when b holds only the start of a batch (a fetch
+// response cut at its size limit).
+func splitBatch(b []byte) (raw, rest []byte, complete bool) {
+	if len(b) < lengthOffset+4 {
+		return nil, b, false
+	}
+	n := int64(int32(binary.BigEndian.Uint32(b[lengthOffset:])))
+	total := lengthOffset + 4 + n
+	if n < 0 || total > int64(len(b)) {
+		return nil, b, false
+	}
+	return b[:total], b[total:], true
+}
+
+// decodedBatch is a magic v2 batch with its records decoded.
+type decodedBatch struct {
+	hdr  kmsg.RecordBatch // Records holds the wire (compressed) records
+	recs []kmsg.Record
+}
+
+// decodeBatch checks raw's magic and CRC and decodes its records,
+// decompressing them with franz-go's decompressor. It never panics on bad
+// input: errors say what is wrong.
+func decodeBatch(raw []byte) (*decodedBatch, error) {
+	if len(raw) <= magicOffset {
+		return nil, corrupt("record batch of %d bytes is truncated", len(raw))
+	}
+	if raw[magicOffset] != 2 {
+		return nil, errMagic
+	}
+	if len(raw) < batchHeaderLen {
+		return nil, corrupt("record batch of %d bytes is shorter than its %d-byte header", len(raw), batchHeaderLen)
+	}
+	d := &decodedBatch{}
+	if err := d.hdr.ReadFrom(raw); err != nil {
+		return nil, corrupt("record batch: %v", err)
+	}
+	if got := crc32.Checksum(raw[attrOffset:], castagnoli); got != uint32(d.hdr.CRC) {
+		return nil, corrupt("record batch CRC-32C is %08x, its header says %08x", got, uint32(d.hdr.CRC))
+	}
+	if d.hdr.NumRecords < 0 {
+		return nil, corrupt("record batch says it holds %d records", d.hdr.NumRecords)
+	}
+	codec := d.hdr.Attributes & attrCodecMask
+	if int(codec) >= len(codecNames) {
+		return nil, corrupt("record batch uses unknown compression codec %d", codec)
+	}
+	src := d.hdr.Records
+	if codec != 0 {
+		out, err := decompressor.Decompress(src, kgo.CompressionCodecType(codec))
+		if err != nil {
+			return nil, corrupt("record batch: %s decompression failed: %v", codecNames[codec], err)
+		}
+		src = out
+	}
+	// A record is at least 7 bytes: bound the allocation by the input.
+	if int64(d.hdr.NumRecords) > int64(len(src))/7+1 {
+		return nil, corrupt("record batch says it holds %d records in %d bytes", d.hdr.NumRecords, len(src))
+	}
+	d.recs = make([]kmsg.Record, d.hdr.NumRecords)
+	for i := range d.recs {
+		n, vl := kbin.Varint(src)
+		if vl == 0 || n < 0 || int64(vl)+int64(n) > int64(len(src)) {
+			return nil, corrupt("record %d of the batch is truncated", i)
+		}
+		if err := d.recs[i].ReadFrom(src[:vl+int(n)]); err != nil {
+			return nil, corrupt("record %d of the batch: %v", i, err)
+		}
+		src = src[vl+int(n):]
+	}
+	if len(src) != 0 {
+		return nil, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords)
+	}
+	return d, nil
+}
+
+// encode builds the batch's wire bytes: records encoded with their lengths,
+// compressed with the batch's codec by franz-go's compressor, the length
+// and CRC-32C recomputed. All other header fields are taken from d.hdr.
+func (d *decodedBatch) encode() ([]byte, error) {
+	var recs []byte
+	var tmp []byte
+	for i := range d.recs {
+		r := &d.recs[i]
+		r.Length = 0
+		tmp = r.AppendTo(tmp[:0]) // a 1-byte zero length, then the body
+		r.Length = int32(len(tmp) - 1)
+		recs = kbin.AppendVarint(recs, r.Length)
+		recs = append(recs, tmp[1:]...)
+	}
+	codec := d.hdr.Attributes & attrCodecMask
+	if codec != 0 {
+		out, err := compress(kgo.CompressionCodecType(codec), recs)
+		if err != nil {
+			return nil, err
+		}
+		recs = out
+	}
+	h := d.hdr
+	h.Records = recs
+	h.NumRecords = int32(len(d.recs))
+	h.Length = int32(batchHeaderLen - lengthOffset - 4 + len(recs))
+	h.CRC = 0
+	out := h.AppendTo(make([]byte, 0, batchHeaderLen+len(recs)))
+	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
+	return out, nil
+}
+
+var decompressor = kgo.DefaultDecompressor()
+
+var (
+	compMu      sync.Mutex
+	compressors = map[kgo.CompressionCodecType]kgo.Compressor{}
+)
+
+// compress compresses src with codec exactly as franz-go compresses a
+// produce batch at the codec's default level.
+func compress(codec kgo.CompressionCodecType, src []byte) ([]byte, error) {
+	compMu.Lock()
+	c, ok := compressors[codec]
+	if !ok {
+		var cc kgo.CompressionCodec
+		switch codec {
+		case 1:
+			cc = kgo.GzipCompression()
+		case 2:
+			cc = kgo.SnappyCompression()
+		case 3:
+			cc = kgo.Lz4Compression()
+		case 4:
+			cc = kgo.ZstdCompression()
+		default:
+			compMu.Unlock()
+			return nil, fmt.Errorf("unknown compression codec %d", codec)
+		}
+		var err error
+		if c, err = kgo.DefaultCompressor(cc); err != nil {
+			compMu.Unlock()
+			return nil, err
+		}
+		compressors[codec] = c
+	}
+	compMu.Unlock()
+	out, used := c.Compress(new(bytes.Buffer), src)
+	if used != codec {
+		return nil, fmt.Errorf("%s compression failed", codecNames[codec])
+	}
+	return out, nil // dst is a fresh buffer: out is not shared
+}

@@ -1,0 +1,49 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/ferrykit/ferry/largemessage"
+)
+
+// BenchmarkInterceptProduce: one partition with a batch of 100 records of
+// 1 KiB (lz4), through a chain whose interceptor does not match, an
+// identity interceptor (decode, no re-encode), one that changes every
+// record (decode and re-encode), and large-message with nothing over the
+// threshold.
+func BenchmarkInterceptProduce(b *testing.B) {
+	vals := make([]string, 100)
+	for i := range vals {
+		vals[i] = string(randomBytes(uint64(i), 1024))
+	}
+	batch := plainBatch(&testing.T{}, 3, -1, vals...)
+	lm, err := New(context.Background(), "large-message", map[string]string{largemessage.KeyStoreURL: "mem://bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		in   Instance
+	}{
+		{"unmatched", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("other"), fn: func(context.Context, *Record) error { return nil }}}},
+		{"identity", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("t"), fn: func(context.Context, *Record) error { return nil }}}},
+		{"change", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("t"), fn: func(_ context.Context, r *Record) error {
+			r.Headers = append(r.Headers, Header{Key: "k"})
+			return nil
+		}}}},
+		{"large-message", lm},
+	} {
+		ch := NewChain([]Instance{tc.in}, Options{})
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(vals) * 1024))
+			for b.Loop() {
+				req := buildRequest(&testing.T{}, map[string][]byte{"t": batch})
+				if out := ch.InterceptProduce(context.Background(), req, func(string) (int32, bool) { return 1 << 20, true }); !out.Forward {
+					b.Fatal(fmt.Sprint(out.Answered))
+				}
+			}
+		})
+	}
+}

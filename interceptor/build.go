@@ -1,0 +1,63 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Spec names one configured interceptor: a registered name and its
+// configuration (the proxy's YAML `interceptors:` list, or
+// `--interceptors NAME` with flags turned into keys).
+type Spec struct {
+	Name   string
+	Config map[string]string
+}
+
+// ParseTimeout reads produce.request.interceptor.timeout.ms (default
+// DefaultTimeout) from a configuration map.
+func ParseTimeout(config map[string]string) (time.Duration, error) {
+	v, ok := config[KeyTimeout]
+	if !ok || strings.TrimSpace(v) == "" {
+		return DefaultTimeout, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s: %q is not a positive number of ms", KeyTimeout, v)
+	}
+	return time.Duration(n) * time.Millisecond, nil
+}
+
+// Build builds the interceptors of specs, in order, into a chain. On error
+// the instances already built are closed. Close the chain when done.
+func Build(ctx context.Context, specs []Spec, o Options) (*Chain, error) {
+	var ins []Instance
+	for i, s := range specs {
+		in, err := New(ctx, s.Name, s.Config)
+		if err != nil {
+			closeAll(ins)
+			return nil, fmt.Errorf("interceptors[%d]: %w", i, err)
+		}
+		ins = append(ins, in)
+	}
+	c := NewChain(ins, o)
+	c.instances = ins
+	return c, nil
+}
+
+// Close releases the resources of the instances Build made (payload
+// stores). Calls in flight must have returned.
+func (c *Chain) Close() error { return closeAll(c.instances) }
+
+func closeAll(ins []Instance) error {
+	var errs []error
+	for _, in := range ins {
+		if in.Close != nil {
+			errs = append(errs, in.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

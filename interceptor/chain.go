@@ -1,0 +1,260 @@
+package interceptor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// KeyTimeout is the configuration key of the per-call time budget.
+const KeyTimeout = "produce.request.interceptor.timeout.ms"
+
+// DefaultTimeout is KeyTimeout's default.
+const DefaultTimeout = 5 * time.Second
+
+// Options configure a Chain.
+type Options struct {
+	// Timeout is the time budget of one interceptor call
+	// (produce.request.interceptor.timeout.ms, also used on fetch);
+	// 0 means DefaultTimeout.
+	Timeout time.Duration
+	// TopicName resolves a topic id to its name, for produce requests v13+
+	// and fetch responses v13+, which carry ids instead of names. nil, or
+	// false, leaves such topics untouched.
+	TopicName func(id [16]byte) (string, bool)
+}
+
+// Chain runs interceptors in their configured order. It is safe for
+// concurrent use; its interceptors must be too.
+type Chain struct {
+	produce []ProduceRequestInterceptor
+	fetch   []FetchResponseInterceptor
+	timeout time.Duration
+	names   func([16]byte) (string, bool)
+	// instances are closed by Close (set by Build).
+	instances []Instance
+}
+
+// NewChain returns a chain of the produce and fetch interceptors of
+// instances, in that order.
+func NewChain(instances []Instance, o Options) *Chain {
+	c := &Chain{timeout: o.Timeout, names: o.TopicName}
+	if c.timeout <= 0 {
+		c.timeout = DefaultTimeout
+	}
+	for _, in := range instances {
+		if in.Produce != nil {
+			c.produce = append(c.produce, in.Produce)
+		}
+		if in.Fetch != nil {
+			c.fetch = append(c.fetch, in.Fetch)
+		}
+	}
+	return c
+}
+
+// HasProduce and HasFetch report whether the chain has interceptors of that
+// kind, so the proxy can leave requests or responses undecoded otherwise.
+func (c *Chain) HasProduce() bool { return len(c.produce) > 0 }
+func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
+
+// proc is one interceptor as the chain calls it.
+type proc struct {
+	name string
+	call func(context.Context, *Record) error
+}
+
+func (c *Chain) topicName(name string, id [16]byte) (string, bool) {
+	if name != "" {
+		return name, true
+	}
+	if c.names == nil || id == ([16]byte{}) {
+		return "", false
+	}
+	return c.names(id)
+}
+
+func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker) {
+	for _, ic := range c.produce {
+		if ic.TopicPattern().MatchString(topic) {
+			ps = append(ps, proc{ic.Name(), ic.ProcessRecord})
+			if s, ok := ic.(BatchShrinker); ok {
+				shrinkers = append(shrinkers, s)
+			}
+		}
+	}
+	return ps, shrinkers
+}
+
+func (c *Chain) fetchProcs(topic string) (ps []proc) {
+	for _, ic := range c.fetch {
+		if ic.TopicPattern().MatchString(topic) {
+			ps = append(ps, proc{ic.Name(), ic.ProcessRecord})
+		}
+	}
+	return ps
+}
+
+// failure is why a partition failed.
+type failure struct {
+	code    int16
+	msg     string
+	records []kmsg.ProduceResponseTopicPartitionErrorRecord
+	err     error
+}
+
+func fail(code int16, err error) *failure { return &failure{code: code, msg: err.Error(), err: err} }
+
+// codeOf is the Kafka error code for an interceptor's error: the *kerr.Error
+// it wraps, else def.
+func codeOf(err error, def int16) int16 {
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return ke.Code
+	}
+	return def
+}
+
+// watch is the call tracker shared by a partition's worker and its waiter.
+type watch struct {
+	start atomic.Int64 // unix ns the current call started, 0 between calls
+	name  atomic.Pointer[string]
+	index atomic.Int64
+}
+
+// run runs work in a goroutine and waits for it, giving each interceptor
+// call (timed by calls made through w) the chain's budget. A call that runs
+// over cancels ctx and fails the partition with REQUEST_TIMED_OUT at once;
+// the abandoned goroutine's result is discarded.
+func (c *Chain) run(ctx context.Context, work func(ctx context.Context, w *watch) (any, *failure)) (any, *failure) {
+	wctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		v any
+		f *failure
+	}
+	done := make(chan result, 1)
+	w := &watch{}
+	go func() {
+		var r result
+		defer func() {
+			if p := recover(); p != nil {
+				r = result{f: fail(kerr.UnknownServerError.Code, fmt.Errorf("interceptor panicked: %v", p))}
+			}
+			done <- r
+		}()
+		r.v, r.f = work(wctx, w)
+	}()
+	timer := time.NewTimer(c.timeout)
+	defer timer.Stop()
+	for {
+		select {
+		case r := <-done:
+			cancel()
+			return r.v, r.f
+		case <-ctx.Done():
+			cancel()
+			return nil, fail(kerr.RequestTimedOut.Code, fmt.Errorf("interceptors stopped: %w", ctx.Err()))
+		case <-timer.C:
+			s := w.start.Load()
+			if s != 0 {
+				if over := time.Since(time.Unix(0, s)); over >= c.timeout {
+					cancel()
+					name := "?"
+					if p := w.name.Load(); p != nil {
+						name = *p
+					}
+					return nil, fail(kerr.RequestTimedOut.Code, fmt.Errorf(
+						"interceptor %s ran over %s=%d on record %d; the partition was not processed",
+						name, KeyTimeout, c.timeout.Milliseconds(), w.index.Load()))
+				} else {
+					timer.Reset(c.timeout - over)
+					continue
+				}
+			}
+			timer.Reset(c.timeout)
+		}
+	}
+}
+
+// call makes one timed interceptor call. The budget is enforced by run's
+// watcher, which cancels ctx when the call runs over: no timer per call.
+func (c *Chain) call(ctx context.Context, w *watch, p proc, index int, r *Record) error {
+	w.name.Store(&p.name)
+	w.index.Store(int64(index))
+	w.start.Store(time.Now().UnixNano())
+	err := p.call(ctx, r)
+	w.start.Store(0)
+	if err == nil && ctx.Err() != nil {
+		err = fmt.Errorf("stopped: %w", ctx.Err())
+	}
+	return err
+}
+
+// toRecord converts a decoded record for an interceptor.
+func toRecord(topic string, partition int32, h *kmsg.RecordBatch, info BatchInfo, kr *kmsg.Record, index int, fetch bool) Record {
+	r := Record{Topic: topic, Partition: partition, Key: kr.Key, Value: kr.Value, Batch: info,
+		Timestamp: h.FirstTimestamp + kr.TimestampDelta64, Offset: int64(index)}
+	if fetch {
+		r.Offset = h.FirstOffset + int64(kr.OffsetDelta)
+		if h.Attributes&0x08 != 0 { // LogAppendTime
+			r.Timestamp = h.MaxTimestamp
+		}
+	}
+	if len(kr.Headers) > 0 {
+		r.Headers = make([]Header, len(kr.Headers))
+		for i, hd := range kr.Headers {
+			r.Headers[i] = Header{Key: hd.Key, Value: hd.Value}
+		}
+	}
+	return r
+}
+
+// apply writes r's key, value and headers back into kr and reports whether
+// anything changed.
+func apply(r *Record, kr *kmsg.Record) bool {
+	changed := !sameBytes(r.Key, kr.Key) || !sameBytes(r.Value, kr.Value) || len(r.Headers) != len(kr.Headers)
+	if !changed {
+		for i, h := range r.Headers {
+			if h.Key != kr.Headers[i].Key || !sameBytes(h.Value, kr.Headers[i].Value) {
+				changed = true
+				break
+			}
+		}
+	}
+	if !changed {
+		return false
+	}
+	kr.Key, kr.Value = r.Key, r.Value
+	kr.Headers = kr.Headers[:0]
+	for _, h := range r.Headers {
+		kr.Headers = append(kr.Headers, kmsg.Header{Key: h.Key, Value: h.Value})
+	}
+	return true
+}
+
+// sameBytes compares with Kafka's null distinct from empty.
+func sameBytes(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
+
+func batchInfo(h *kmsg.RecordBatch, maxBytes int32) BatchInfo {
+	return BatchInfo{Compression: codecName(h.Attributes), ProducerID: h.ProducerID, ProducerEpoch: h.ProducerEpoch,
+		Transactional: h.Attributes&attrTransactional != 0, MaxMessageBytes: maxBytes}
+}
+
+// bySize orders record indexes by encoded size, largest first.
+func bySize(recs []kmsg.Record, idx []int) {
+	size := func(r *kmsg.Record) int {
+		n := len(r.Key) + len(r.Value)
+		for _, h := range r.Headers {
+			n += len(h.Key) + len(h.Value)
+		}
+		return n
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return size(&recs[idx[a]]) > size(&recs[idx[b]]) })
+}

@@ -1,0 +1,183 @@
+// Package interceptor runs KIP-905 broker interceptors over Kafka produce
+// requests and fetch responses, for Ferry's protocol proxy.
+//
+// An interceptor sees one record at a time (topic, partition, key, value,
+// headers, timestamp) and keeps it (possibly with a new key, value or
+// headers), skips it (ErrSkipRecord) or fails it (any other error). A Chain
+// runs the configured interceptors in order over the record batches of the
+// topics they match, rewrites those batches with Kafka's guarantees kept
+// (CRC-32C, lengths, offset deltas, producer id/epoch/sequence, same codec)
+// and checks the exact size of every rewritten produce batch against the
+// topic's max.message.bytes (KIP-126). See docs/INTERCEPTORS.md.
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// ErrSkipRecord, returned by an interceptor (possibly wrapped), drops the
+// record (KIP-905's ProduceRequestInterceptorSkipRecordException). On
+// produce it is honoured only in batches without a producer id: a skip in
+// an idempotent or transactional batch would break its sequence numbers, so
+// that partition is rejected with INVALID_RECORD instead.
+var ErrSkipRecord = errors.New("skip record")
+
+// Header is a record header (Kafka's Header: a string key, a byte value).
+type Header = kgo.RecordHeader
+
+// Record is what one interceptor call sees. Key, Value and Headers may be
+// replaced or changed; the other fields are information and changes to them
+// are ignored. A nil Key or Value is Kafka's null.
+type Record struct {
+	Topic     string
+	Partition int32
+	Key       []byte
+	Value     []byte
+	Headers   []Header
+	// Timestamp is the record's timestamp in ms since the epoch
+	// (CreateTime, or LogAppendTime on fetch when the batch says so).
+	Timestamp int64
+	// Offset is the record's offset on fetch; on produce the broker has
+	// not assigned one yet and Offset is the record's index in its batch.
+	Offset int64
+	// Batch describes the record batch the record came in.
+	Batch BatchInfo
+}
+
+// BatchInfo describes a record batch, for interceptors whose decisions
+// depend on it (large-message measures sizes with the batch's codec).
+type BatchInfo struct {
+	// Compression is the batch's codec: "none", "gzip", "snappy", "lz4" or
+	// "zstd"; a rewritten batch is recompressed with the same codec.
+	Compression string
+	// ProducerID is -1 for a batch without idempotence.
+	ProducerID    int64
+	ProducerEpoch int16
+	Transactional bool
+	// MaxMessageBytes is the topic's max.message.bytes on produce (0 when
+	// unknown, and always 0 on fetch).
+	MaxMessageBytes int32
+}
+
+// ProduceRequestInterceptor processes records of produce requests before
+// they reach the broker (KIP-905).
+type ProduceRequestInterceptor interface {
+	// Name is the interceptor's name, used in error messages.
+	Name() string
+	// TopicPattern selects the topics the interceptor runs on (KIP-905's
+	// interceptorTopicPattern); it must match the whole topic name, as a
+	// Java Pattern's matches() does (see CompileTopicPattern).
+	TopicPattern() *regexp.Regexp
+	// ProcessRecord changes r in place and returns nil, or returns
+	// ErrSkipRecord to drop it, or another error to fail the record's
+	// partition. A *kerr.Error in the chain (errors.As) sets the error code
+	// the producer gets; the default is INVALID_RECORD. ctx is cancelled
+	// when the call runs over the chain's time budget: an interceptor must
+	// return promptly then (its result is discarded either way).
+	ProcessRecord(ctx context.Context, r *Record) error
+}
+
+// FetchResponseInterceptor processes records of fetch responses before the
+// consumer sees them (KIP-905's consume-time interceptor). Its contract is
+// ProduceRequestInterceptor's, except that a skip is always honoured (the
+// record is left out; offsets of the others are kept) and an error fails the
+// partition of that fetch (see Chain.InterceptFetch).
+type FetchResponseInterceptor interface {
+	Name() string
+	TopicPattern() *regexp.Regexp
+	ProcessRecord(ctx context.Context, r *Record) error
+}
+
+// BatchShrinker is implemented by a ProduceRequestInterceptor that can make
+// a record smaller at any size (large-message offloads its value). When a
+// rewritten batch is over max.message.bytes, the chain calls Shrink on the
+// largest records, largest first, until the batch fits or no record shrinks.
+type BatchShrinker interface {
+	// Shrink makes r smaller and reports whether it did.
+	Shrink(ctx context.Context, r *Record) (bool, error)
+}
+
+// Instance is what a Factory builds: a produce-time interceptor, a
+// fetch-time one, or both (either may be nil), and what to release.
+type Instance struct {
+	Produce ProduceRequestInterceptor
+	Fetch   FetchResponseInterceptor
+	// Close releases the instance's resources; nil if none.
+	Close func() error
+}
+
+// Factory builds an interceptor from its configuration: Kafka-style keys
+// and string values, as the proxy reads them from its YAML file (koanf) or
+// flags. Errors name the key and the value at fault.
+type Factory func(ctx context.Context, config map[string]string) (Instance, error)
+
+var (
+	regMu    sync.RWMutex
+	registry = map[string]Factory{}
+)
+
+// Register makes a factory available by name (the name used in the proxy's
+// configuration). It panics if the name is taken or f is nil, as it is meant
+// for init functions.
+func Register(name string, f Factory) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if f == nil || name == "" {
+		panic("interceptor: Register with an empty name or a nil factory")
+	}
+	if _, ok := registry[name]; ok {
+		panic("interceptor: " + name + " is registered twice")
+	}
+	registry[name] = f
+}
+
+// Names lists the registered interceptors, sorted.
+func Names() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	out := make([]string, 0, len(registry))
+	for n := range registry {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// New builds the interceptor registered as name with config.
+func New(ctx context.Context, name string, config map[string]string) (Instance, error) {
+	regMu.RLock()
+	f, ok := registry[name]
+	regMu.RUnlock()
+	if !ok {
+		return Instance{}, fmt.Errorf("interceptor %q is not registered (known: %v)", name, Names())
+	}
+	in, err := f(ctx, config)
+	if err != nil {
+		return Instance{}, fmt.Errorf("interceptor %s: %w", name, err)
+	}
+	return in, nil
+}
+
+// KeyTopicPattern is the configuration key of every built-in's topic
+// pattern (a Go regexp matching whole topic names; default ".*").
+const KeyTopicPattern = "topic.pattern"
+
+// CompileTopicPattern compiles a KIP-905 topic pattern so that it matches
+// whole topic names only ("orders" does not match "orders-dlq").
+func CompileTopicPattern(p string) (*regexp.Regexp, error) {
+	if p == "" {
+		p = ".*"
+	}
+	re, err := regexp.Compile(`^(?:` + p + `)$`)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %q is not a regular expression: %w", KeyTopicPattern, p, err)
+	}
+	return re, nil
+}

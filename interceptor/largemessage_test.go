@@ -1,0 +1,262 @@
+package interceptor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func randomBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// lmSetup builds the large-message interceptor from its configuration over
+// a file store and returns it with the store opened the way the Go library
+// opens it.
+func lmSetup(t *testing.T, extra map[string]string) (Instance, payloadstore.PayloadStore) {
+	t.Helper()
+	url := "file://" + t.TempDir()
+	cfg := map[string]string{largemessage.KeyStoreURL: url, KeyTopicPattern: "big.*"}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	in, err := New(context.Background(), "large-message", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = in.Close() })
+	store, err := payloadstore.Open(context.Background(), url, payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in, store
+}
+
+func hasFerryHeaders(r *kgo.Record) bool {
+	for _, h := range r.Headers {
+		if h.Key == largemessage.HeaderLargeMessage || strings.HasPrefix(h.Key, "ferry.") {
+			return true
+		}
+	}
+	return false
+}
+
+// Small and large records in one compressed batch: the large ones are
+// offloaded so the batch fits max.message.bytes (kfake accepts it), the
+// Go library resolves them straight from Kafka, and the fetch side gives
+// every client the records as produced.
+func TestLargeMessageMixedBatch(t *testing.T) {
+	for name, codec := range codecs {
+		t.Run(name, func(t *testing.T) {
+			in, store := lmSetup(t, nil)
+			limit := "100000"
+			cl := newCluster(t, map[string]map[string]*string{"big": {"max.message.bytes": &limit}})
+			cl.use(Options{}, in)
+			c := cl.client(t, kgo.ProducerBatchCompression(codec))
+			var recs []*kgo.Record
+			for i := range 8 {
+				v := []byte(fmt.Sprintf("small record %d", i))
+				switch i {
+				case 2, 5:
+					v = randomBytes(uint64(i), 300<<10)
+				case 6:
+					v = bytes.Repeat([]byte("compressible "), 25<<10)
+				}
+				recs = append(recs, &kgo.Record{Topic: "big", Key: []byte(fmt.Sprint(i)), Value: v})
+			}
+			if err := firstErr(produceBatch(t, c, recs...)); err != nil {
+				t.Fatal(err)
+			}
+			sent := cl.sent[0].Topics[0].Partitions[0].Records
+			if len(sent) > 100000 {
+				t.Fatalf("sent a %d-byte batch over max.message.bytes", len(sent))
+			}
+			if b := checkBatches(t, sent); len(b) != 1 || codecName(b[0].Attributes) != name {
+				t.Fatalf("sent %d batches, codec %s", len(b), codecName(b[0].Attributes))
+			}
+			resp, _ := fetchRaw(t, c, "big")
+			raw := records(t, "big", &resp.Topics[0].Partitions[0])
+			if len(raw) != len(recs) {
+				t.Fatalf("fetched %d records", len(raw))
+			}
+			de := largemessage.NewDeserializer(store, false)
+			offloaded := 0
+			for i, r := range raw {
+				if largemessage.IsOffloaded(r) {
+					offloaded++
+				}
+				if (i == 2 || i == 5) && !largemessage.IsOffloaded(r) {
+					t.Fatalf("record %d (300 KiB random) was not offloaded", i)
+				}
+				if i < 2 && hasFerryHeaders(r) {
+					t.Fatalf("small record %d got headers %v", i, r.Headers)
+				}
+				lib := *r
+				if err := de.Resolve(context.Background(), &lib); err != nil {
+					t.Fatalf("the Go library cannot resolve record %d: %v", i, err)
+				}
+				if !bytes.Equal(lib.Value, recs[i].Value) {
+					t.Fatalf("record %d resolved by the library differs", i)
+				}
+			}
+			t.Logf("%s: %d of %d records offloaded, batch %d bytes", name, offloaded, len(recs), len(sent))
+			fc := NewChain([]Instance{in}, Options{TopicName: cl.names})
+			if out := fc.InterceptFetch(context.Background(), resp); len(out.Failed) != 0 || out.Rewritten != 1 {
+				t.Fatalf("fetch outcome %+v", out)
+			}
+			got := records(t, "big", &resp.Topics[0].Partitions[0])
+			for i, r := range got {
+				if !bytes.Equal(r.Value, recs[i].Value) || !bytes.Equal(r.Key, recs[i].Key) || hasFerryHeaders(r) || r.Offset != int64(i) {
+					t.Fatalf("record %d after fetch: key %q, %d bytes, headers %v, offset %d", i, r.Key, len(r.Value), r.Headers, r.Offset)
+				}
+			}
+		})
+	}
+}
+
+// Records each under the threshold whose batch is over max.message.bytes:
+// the chain offloads the largest (BatchShrinker) until the batch fits.
+func TestLargeMessageBatchShrink(t *testing.T) {
+	in, _ := lmSetup(t, nil)
+	limit := "100000"
+	cl := newCluster(t, map[string]map[string]*string{"big": {"max.message.bytes": &limit}})
+	cl.use(Options{}, in)
+	c := cl.client(t, kgo.DisableIdempotentWrite())
+	var recs []*kgo.Record
+	for i := range 10 {
+		recs = append(recs, &kgo.Record{Topic: "big", Value: randomBytes(uint64(100+i), 20000+i*100)})
+	}
+	if err := firstErr(produceBatch(t, c, recs...)); err != nil {
+		t.Fatal(err)
+	}
+	sent := cl.sent[0].Topics[0].Partitions[0].Records
+	if len(cl.orig[0].Topics[0].Partitions[0].Records) <= 100000 || len(sent) > 100000 {
+		t.Fatalf("client batch %d bytes, sent %d", len(cl.orig[0].Topics[0].Partitions[0].Records), len(sent))
+	}
+	resp, _ := fetchRaw(t, c, "big")
+	raw := records(t, "big", &resp.Topics[0].Partitions[0])
+	n := 0
+	for _, r := range raw {
+		if largemessage.IsOffloaded(r) {
+			n++
+		}
+	}
+	// The largest go first: the last records are the largest.
+	if n == 0 || n == len(recs) || !largemessage.IsOffloaded(raw[len(raw)-1]) {
+		t.Fatalf("%d of %d offloaded", n, len(recs))
+	}
+	NewChain([]Instance{in}, Options{TopicName: cl.names}).InterceptFetch(context.Background(), resp)
+	for i, r := range records(t, "big", &resp.Topics[0].Partitions[0]) {
+		if !bytes.Equal(r.Value, recs[i].Value) {
+			t.Fatalf("record %d differs after fetch", i)
+		}
+	}
+}
+
+// Topics the pattern does not match are left alone, even when over.
+func TestLargeMessagePattern(t *testing.T) {
+	in, _ := lmSetup(t, nil)
+	cl := newCluster(t, map[string]map[string]*string{"other": nil})
+	cl.use(Options{}, in)
+	c := cl.client(t)
+	v := randomBytes(1, 500<<10) // under kfake's 1 MiB default, over no limit of ours
+	if err := firstErr(produceBatch(t, c, &kgo.Record{Topic: "other", Value: v})); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(cl.orig[0].Topics[0].Partitions[0].Records, cl.sent[0].Topics[0].Partitions[0].Records) {
+		t.Fatal("a topic outside the pattern was rewritten")
+	}
+}
+
+// A store that cannot take the payload (its directory replaced by a file, a
+// real fault of the file store): the producer gets KAFKA_STORAGE_ERROR
+// (retriable) and nothing is appended.
+func TestLargeMessageStoreOutage(t *testing.T) {
+	dir := t.TempDir() + "/store"
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	in, err := New(context.Background(), "large-message", map[string]string{largemessage.KeyStoreURL: "file://" + dir,
+		largemessage.KeyRetryCount: "1", largemessage.KeyRetryBackoff: "1", largemessage.KeyStoreTimeout: "2000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cl := newCluster(t, map[string]map[string]*string{"big": nil})
+	cl.use(Options{}, in)
+	c := cl.client(t, kgo.RecordRetries(1))
+	err = firstErr(produceBatch(t, c, &kgo.Record{Topic: "big", Value: randomBytes(3, 2<<20)}, &kgo.Record{Topic: "big", Value: []byte("small")}))
+	if !errors.Is(err, kerr.KafkaStorageError) {
+		t.Fatalf("producer got %v, want KAFKA_STORAGE_ERROR", err)
+	}
+	a := cl.outcomes[0].Answered[0]
+	var se *payloadstore.Error
+	if !errors.As(a.Err, &se) || !strings.Contains(a.ErrorMessage, "large-message") {
+		t.Fatalf("answer %+v", a)
+	}
+	resp, _ := fetchRaw(t, c, "big")
+	if n := len(records(t, "big", &resp.Topics[0].Partitions[0])); n != 0 {
+		t.Fatalf("%d records appended", n)
+	}
+}
+
+// A transactional producer with large-message active: both transactions'
+// large records are offloaded, the batches stay transactional (kfake
+// accepts them), and a read_committed fetch resolves the committed record
+// while the aborted one is left alone.
+func TestLargeMessageTransactional(t *testing.T) {
+	in, _ := lmSetup(t, nil)
+	limit := "100000"
+	cl := newCluster(t, map[string]map[string]*string{"big": {"max.message.bytes": &limit}})
+	cl.use(Options{}, in)
+	c := cl.client(t, kgo.TransactionalID("lm-tx"), kgo.ProducerBatchCompression(kgo.ZstdCompression()))
+	ctx := context.Background()
+	vals := map[bool][]byte{false: randomBytes(7, 400<<10), true: randomBytes(8, 400<<10)}
+	for _, commit := range []bool{false, true} {
+		if err := c.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := firstErr(produceBatch(t, c, &kgo.Record{Topic: "big", Value: vals[commit]})); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, _ := fetchRaw(t, c, "big")
+	var resolved int
+	fc := NewChain([]Instance{in, {Fetch: icpt(t, "count", "big", func(_ context.Context, r *Record) error {
+		resolved++
+		if !bytes.Equal(r.Value, vals[true]) {
+			t.Errorf("the fetch chain saw a record other than the committed one (%d bytes)", len(r.Value))
+		}
+		return nil
+	})}}, Options{TopicName: cl.names})
+	if out := fc.InterceptFetch(ctx, resp); len(out.Failed) != 0 {
+		t.Fatalf("fetch outcome %+v", out)
+	}
+	got := records(t, "big", &resp.Topics[0].Partitions[0])
+	if resolved != 1 || len(got) != 1 || !bytes.Equal(got[0].Value, vals[true]) || hasFerryHeaders(got[0]) {
+		t.Fatalf("read_committed: %d records, %d seen by the chain", len(got), resolved)
+	}
+}
