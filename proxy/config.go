@@ -16,6 +16,8 @@ import (
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
+
+	"github.com/ferrykit/ferry/interceptor"
 )
 
 // Config is a proxy's configuration. The YAML file keys (LoadConfigFile) are
@@ -61,6 +63,19 @@ type Config struct {
 	ClientTLS TLSConfig
 	// UpstreamTLS is TLS towards brokers (`tls.upstream.*`).
 	UpstreamTLS TLSConfig
+	// Interceptors run on produce requests and fetch responses of matching
+	// topics, in order (`interceptors`: a list of {name, config}); the
+	// built-ins are large-message, validate-json and redact
+	// (docs/INTERCEPTORS.md). Empty: every request passes opaque.
+	Interceptors []interceptor.Spec
+	// InterceptorTimeout is the time budget of one interceptor call
+	// (`produce.request.interceptor.timeout.ms`, default 5000); a call over
+	// it fails its partition (REQUEST_TIMED_OUT) instead of stalling.
+	InterceptorTimeout time.Duration
+	// TopicConfigRefresh is how long a topic's max.message.bytes, read from
+	// the cluster for the interceptors' exact size check, is cached
+	// (`topic.config.refresh.ms`, default 60000).
+	TopicConfigRefresh time.Duration
 	// Logger receives the proxy's structured logs; nil: slog.Default().
 	Logger *slog.Logger
 }
@@ -214,6 +229,7 @@ var configKeys = []string{
 	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
+	"interceptors", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
 }
 
 // LoadConfigFile reads a YAML config file with koanf. Keys may be nested
@@ -305,10 +321,83 @@ func LoadConfigFile(path string) (Config, error) {
 		side.t.ServerName = str(side.prefix + "server.name")
 		side.t.InsecureSkipVerify = boolean(side.prefix + "insecure.skip.verify")
 	}
+	c.InterceptorTimeout = time.Duration(num("produce.request.interceptor.timeout.ms", 1<<31-1)) * time.Millisecond
+	c.TopicConfigRefresh = time.Duration(num("topic.config.refresh.ms", 1<<31-1)) * time.Millisecond
+	specs, err := interceptorSpecs(k.Get("interceptors"))
+	if err != nil {
+		errs = append(errs, err)
+	}
+	c.Interceptors = specs
 	if err := errors.Join(errs...); err != nil {
 		return c, fmt.Errorf("config file %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// interceptorSpecs reads the `interceptors` list: each item a map with
+// `name` and an optional `config` map of string keys (dotted keys as
+// written, e.g. large.message.payload.store.url) to scalar values.
+func interceptorSpecs(v any) ([]interceptor.Spec, error) {
+	if v == nil {
+		return nil, nil
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("interceptors: want a list of {name, config}, got %T", v)
+	}
+	var out []interceptor.Spec
+	for i, item := range list {
+		m, ok := item.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("interceptors[%d]: want a map with name and config, got %T", i, item)
+		}
+		spec := interceptor.Spec{Config: map[string]string{}}
+		for k, val := range m {
+			switch k {
+			case "name":
+				spec.Name = fmt.Sprint(val)
+			case "config":
+				cm, ok := val.(map[string]any)
+				if !ok {
+					return nil, fmt.Errorf("interceptors[%d].config: want a map, got %T", i, val)
+				}
+				if err := flattenConfig("", cm, spec.Config); err != nil {
+					return nil, fmt.Errorf("interceptors[%d].config: %w", i, err)
+				}
+			default:
+				return nil, fmt.Errorf("interceptors[%d]: unknown key %q (want name, config)", i, k)
+			}
+		}
+		if spec.Name == "" {
+			return nil, fmt.Errorf("interceptors[%d]: name is required", i)
+		}
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+// flattenConfig turns nested YAML maps into dotted keys (a: {b: 1} is a.b).
+func flattenConfig(prefix string, m map[string]any, out map[string]string) error {
+	for k, v := range m {
+		key := prefix + k
+		switch v := v.(type) {
+		case map[string]any:
+			if err := flattenConfig(key+".", v, out); err != nil {
+				return err
+			}
+		case []any:
+			parts := make([]string, len(v))
+			for i, e := range v {
+				parts[i] = fmt.Sprint(e)
+			}
+			out[key] = strings.Join(parts, ",")
+		case nil:
+			out[key] = ""
+		default:
+			out[key] = fmt.Sprint(v)
+		}
+	}
+	return nil
 }
 
 // SplitList splits "a:1, b:2" into ["a:1" "b:2"], dropping empty items.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/interceptor"
 )
 
 // maxInFlight bounds the requests read from one client and not yet answered;
@@ -28,7 +30,10 @@ type inflight struct {
 	key, version int16
 	corr         int32
 	start        time.Time
-	local        []byte // a response frame the proxy answers itself (KIP-511)
+	local        []byte // a response frame the proxy answers itself (KIP-511, interceptors)
+	// produce: the partitions the interceptors answered, merged into the
+	// broker's Produce response (nil: none).
+	produce *interceptor.ProduceOutcome
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -45,6 +50,8 @@ type conn struct {
 
 	pending   chan *inflight
 	done      chan struct{} // closed by close()
+	ctx       context.Context // ends with the connection (interceptor calls)
+	cancel    context.CancelFunc
 	closeOnce sync.Once
 	draining  atomic.Bool
 	upMu      sync.Mutex   // guards upstream's assignment against close()
@@ -56,6 +63,7 @@ type conn struct {
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
 	cn := &conn{s: s, client: c, nodeID: nodeID, pending: make(chan *inflight, maxInFlight), done: make(chan struct{}),
 		log: s.log.With("client", c.RemoteAddr().String(), "node", nodeID)}
+	cn.ctx, cn.cancel = context.WithCancel(context.Background())
 	cn.active.Store(time.Now().UnixNano())
 	return cn
 }
@@ -64,6 +72,7 @@ func newConn(s *Server, c net.Conn, nodeID int32) *conn {
 func (c *conn) close() {
 	c.closeOnce.Do(func() {
 		close(c.done)
+		c.cancel()
 		c.client.Close()
 		c.upMu.Lock()
 		if c.upstream != nil {
@@ -181,8 +190,9 @@ func (c *conn) readLoop() {
 			return
 		}
 		expectResponse := true
+		var acks int16
 		if h.Key == 0 {
-			acks, err := produceAcks(frame[4+h.Len:], h.Version, h.Flexible)
+			acks, err = produceAcks(frame[4+h.Len:], h.Version, h.Flexible)
 			if err != nil {
 				c.fail("malformed", "bad Produce request from client", err)
 				return
@@ -190,8 +200,26 @@ func (c *conn) readLoop() {
 			expectResponse = acks != 0
 		}
 		c.s.m.requests.WithLabelValues(apiName(h.Key)).Inc()
+		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now()}
+		if h.Key == 0 && c.s.ic != nil && c.s.ic.chain.HasProduce() {
+			out, forward, err := c.interceptProduce(h, frame, f)
+			if err != nil {
+				c.fail("malformed", "bad Produce request from client", err)
+				return
+			}
+			if !forward {
+				// Every partition was answered by the interceptors.
+				if expectResponse && !c.enqueue(f) {
+					return
+				}
+				continue
+			}
+			if out != nil {
+				frame = out
+			}
+		}
 		if expectResponse {
-			if !c.enqueue(&inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now()}) {
+			if !c.enqueue(f) {
 				return
 			}
 		}
@@ -400,6 +428,9 @@ func (c *conn) response(f *inflight, frame []byte) ([]byte, error) {
 	}
 	if corr != f.corr {
 		return nil, fmt.Errorf("response correlation id %d, want %d (%s v%d)", corr, f.corr, apiName(f.key), f.version)
+	}
+	if f.produce != nil || (f.key == 1 && c.s.ic != nil && c.s.ic.chain.HasFetch()) || (f.key == 3 && c.s.ic != nil) {
+		return c.interceptResponse(f, frame, msg, hlen)
 	}
 	var body []byte
 	switch {

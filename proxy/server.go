@@ -33,6 +33,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -59,6 +60,9 @@ type Server struct {
 	admin     *http.Server
 	adminLn   net.Listener
 	seedIndex atomic.Uint32
+
+	// ic runs the KIP-905 interceptors; nil when none are configured.
+	ic *interception
 
 	wg sync.WaitGroup // accept loops and connections
 }
@@ -90,6 +94,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.upstreamTLS, err = cfg.UpstreamTLS.clientConfig(); err != nil {
 		return nil, fmt.Errorf("upstream TLS: %w", err)
+	}
+	if len(cfg.Interceptors) > 0 {
+		var tlsOpt kgo.Opt
+		if s.upstreamTLS != nil {
+			tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
+		}
+		if s.ic, err = newInterception(cfg, tlsOpt); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -440,6 +453,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = admin.Shutdown(actx)
 		cancel()
+	}
+	if s.ic != nil {
+		s.ic.close()
 	}
 	return err
 }

@@ -8,6 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/ferrykit/ferry/proxy"
 )
 
@@ -17,6 +20,8 @@ func (a *app) proxyCommand() *cobra.Command {
 		configFile, upstream, listen, advertised, admin string
 		portBase                                        int
 		maxRequest                                      int32
+		interceptors                                    []string
+		store                                           string
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy --upstream HOST:PORT[,HOST:PORT] --listen HOST:PORT",
@@ -31,6 +36,7 @@ Settings come from a YAML file (--config, keys in docs/PROXY.md), then from flag
 SIGTERM or Ctrl-C stops accepting, answers the requests in flight (bounded by
 shutdown.timeout.ms) and exits 0.`,
 		Example: `  ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
+  ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092 --interceptors large-message --store file:///var/ferry
   ferry proxy --config proxy.yaml --admin 127.0.0.1:9644`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -61,6 +67,27 @@ shutdown.timeout.ms) and exits 0.`,
 			if f.Changed("socket-request-max-bytes") {
 				cfg.MaxRequestBytes = maxRequest
 			}
+			if f.Changed("interceptors") {
+				// The simple case: built-ins by name, configured by -X
+				// properties (large.message.*, ...) and --store.
+				p, err := a.props()
+				if err != nil {
+					return err
+				}
+				if store != "" {
+					u, err := normalizeStoreURL(store)
+					if err != nil {
+						return usageErrorf("--store %q: %v", store, err)
+					}
+					p[largemessage.KeyStoreURL] = u
+				}
+				cfg.Interceptors = nil
+				for _, name := range interceptors {
+					cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
+				}
+			} else if store != "" {
+				return usageErrorf("--store is for the large-message interceptor: add --interceptors large-message")
+			}
 			level := slog.LevelInfo
 			if cmd.Flags().Changed("log-level") {
 				if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
@@ -70,7 +97,10 @@ shutdown.timeout.ms) and exits 0.`,
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
 			s, err := proxy.New(cfg)
 			if err != nil {
-				return &usageError{err: err}
+				if errors.Is(err, payloadstore.ErrInvalidConfig) || !errors.As(err, new(*payloadstore.Error)) {
+					return &usageError{err: err}
+				}
+				return err // a store that cannot be reached: a runtime failure
 			}
 			ctx := cmd.Context()
 			if err := s.Start(ctx); err != nil {
@@ -103,5 +133,7 @@ shutdown.timeout.ms) and exits 0.`,
 	f.IntVar(&portBase, "broker-port-base", 0, "broker node id N listens on `BASE`+N (default: listen port + 1 + N)")
 	f.StringVar(&admin, "admin", "", "HTTP `HOST:PORT` for /metrics and /healthz (default: none)")
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
+	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
+	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
 	return cmd
 }
