@@ -49,7 +49,7 @@ type conn struct {
 	log      *slog.Logger
 
 	pending   chan *inflight
-	done      chan struct{} // closed by close()
+	done      chan struct{}   // closed by close()
 	ctx       context.Context // ends with the connection (interceptor calls)
 	cancel    context.CancelFunc
 	closeOnce sync.Once
