@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"io/fs"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -9,12 +11,42 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/proxy"
 )
 
+// countFiles counts the regular files under dir.
+func countFiles(tb testing.TB, dir string) int {
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n++
+		}
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+// largeMessageSpec is the large-message interceptor on every topic, both
+// sides, with a file store in dir and the default (derived) threshold.
+func largeMessageSpec(dir string) interceptor.Spec {
+	return interceptor.Spec{Name: "large-message", Config: map[string]string{
+		largemessage.KeyStoreURL: "file://" + dir,
+	}}
+}
+
 // BenchmarkProxy measures, on the same real broker and in one run, 1 KiB
-// records produced and consumed direct and through an in-process proxy
-// (sub-benchmarks "direct" and "proxy"; scripts/bench proxy runs it and
-// prints the ratios). Per op:
+// records produced and consumed direct, through an in-process proxy, and
+// through an in-process proxy running the large-message interceptor (file
+// store in a temp dir, threshold derived from the topic's max.message.bytes,
+// so no 1 KiB record is offloaded: the cost is decoding every batch on
+// produce and fetch). Sub-benchmarks "direct", "proxy" and "proxy-lm";
+// scripts/bench proxy runs them and prints the ratios. Per op:
 //   - produce-MB/s: proxyBenchRecords records of 1 KiB produced
 //     asynchronously (acks=all, franz-go's default batching), until all are
 //     acknowledged;
@@ -22,11 +54,25 @@ import (
 //   - p50-ms / p99-ms: latency of proxyBenchSync single-record ProduceSync
 //     calls one after another (acks=all).
 func BenchmarkProxy(b *testing.B) {
-	for _, mode := range []string{"direct", "proxy"} {
+	for _, mode := range []string{"direct", "proxy", "proxy-lm"} {
 		b.Run(mode, func(b *testing.B) {
 			bootstrap := brokers(b)
-			if mode == "proxy" {
+			switch mode {
+			case "proxy":
 				bootstrap = startProxy(b, bootstrap)
+			case "proxy-lm":
+				store := b.TempDir()
+				bootstrap = startProxyServer(b, proxy.Config{
+					Upstream:     proxy.SplitList(bootstrap),
+					Interceptors: []interceptor.Spec{largeMessageSpec(store)},
+				}).Addr()
+				// The workload is meant to stay under the threshold: a payload in
+				// the store means the figures measure something else.
+				defer func() {
+					if n := countFiles(b, store); n != 0 {
+						b.Fatalf("%d payload(s) in the store: a 1 KiB record was offloaded", n)
+					}
+				}()
 			}
 			var prodSecs, consSecs float64
 			var lat []time.Duration
