@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferrykit/ferry/proxy"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -335,6 +336,41 @@ func TestProxyRewritesAddresses(t *testing.T) {
 			t.Fatalf("DescribeCluster broker %d has the real port %d", b.NodeID, b.Port)
 		}
 	}
+	// Found by review: a broker's configs name its real listeners.
+	for _, b := range mresp.Brokers {
+		dcr := kmsg.NewPtrDescribeConfigsRequest()
+		res := kmsg.NewDescribeConfigsRequestResource()
+		res.ResourceType = kmsg.ConfigResourceTypeBroker
+		res.ResourceName = strconv.Itoa(int(b.NodeID))
+		dcr.Resources = append(dcr.Resources, res)
+		dcr.IncludeSynonyms = true
+		cresp, err := dcr.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		masked := false
+		for _, r := range cresp.Resources {
+			for _, c := range r.Configs {
+				if c.Name == "listeners" || c.Name == "advertised.listeners" {
+					if c.Value != nil {
+						t.Fatalf("DescribeConfigs broker %d: %s = %q, want it masked", b.NodeID, c.Name, *c.Value)
+					}
+					masked = masked || c.IsSensitive
+				}
+			}
+		}
+		if !masked {
+			t.Fatalf("DescribeConfigs broker %d returned no masked listeners config", b.NodeID)
+		}
+	}
+	dq := kmsg.NewPtrDescribeQuorumRequest()
+	dqt := kmsg.NewDescribeQuorumRequestTopic()
+	dqt.Topic = "__cluster_metadata"
+	dqt.Partitions = []kmsg.DescribeQuorumRequestTopicPartition{kmsg.NewDescribeQuorumRequestTopicPartition()}
+	dq.Topics = append(dq.Topics, dqt)
+	if _, err := dq.RequestWith(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
 	scan.check(t, realAddrs(t))
 
 	// Control: the same scan of a client talking to the broker directly
@@ -642,5 +678,46 @@ func TestProxyPipelinedInOrder(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Found by review: a client that sends its last request and half-closes
+// its side still gets the answer, as from the broker.
+func TestProxyHalfCloseGetsLastResponse(t *testing.T) {
+	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(brokers(t))})
+	for i := range 20 {
+		c, err := net.DialTimeout("tcp", s.Addr(), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := kmsg.NewPtrMetadataRequest()
+		req.Version = 1
+		clientID := "half-close"
+		frame := make([]byte, 4, 64)
+		frame = kbin.AppendInt16(frame, req.Key())
+		frame = kbin.AppendInt16(frame, req.Version)
+		frame = kbin.AppendInt32(frame, int32(100+i))
+		frame = kbin.AppendNullableString(frame, &clientID)
+		frame = req.AppendTo(frame)
+		binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
+		if _, err := c.Write(frame); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var size [4]byte
+		if _, err := io.ReadFull(c, size[:]); err != nil {
+			t.Fatalf("try %d: no response after a half-close: %v", i, err)
+		}
+		body := make([]byte, binary.BigEndian.Uint32(size[:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			t.Fatalf("try %d: truncated response: %v", i, err)
+		}
+		if corr := int32(binary.BigEndian.Uint32(body)); corr != int32(100+i) {
+			t.Fatalf("try %d: correlation id %d, want %d", i, corr, 100+i)
+		}
+		c.Close()
 	}
 }

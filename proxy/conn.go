@@ -158,7 +158,7 @@ func (c *conn) serve() {
 func (c *conn) readLoop() {
 	defer close(c.pending)
 	r := readerPool.Get().(*bufio.Reader)
-	r.Reset(c.client)
+	r.Reset(activityReader{c})
 	defer func() { r.Reset(nil); readerPool.Put(r) }()
 	var buf []byte // reused once a request has been forwarded
 	for {
@@ -260,10 +260,10 @@ func (c *conn) readError(err error) {
 		// Shutdown: stop reading; the writer answers what is in flight.
 	case c.closed():
 	case errors.Is(err, io.EOF):
+		// The client closed (or half-closed) its side. The writer still
+		// answers what is in flight (a half-closed client reads it, as it
+		// would from the broker), then closes once the queue is done.
 		c.log.Debug("client closed the connection")
-		if len(c.pending) == 0 {
-			c.close()
-		}
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrNegativeSize):
 		c.fail("frame_too_large", "request size prefix over socket.request.max.bytes", err)
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -396,6 +396,13 @@ func (c *conn) answer(f *inflight, uf *upstreamFrame, frames <-chan upstreamFram
 			return false
 		}
 	}
+	// A client that stops reading for connections.max.idle.ms is idle,
+	// as the broker sees it (its idle clock moves only with socket
+	// progress): the write fails and the connection closes, releasing the
+	// response held for it.
+	if c.s.cfg.IdleTimeout > 0 {
+		_ = c.client.SetWriteDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+	}
 	if _, err := c.client.Write(out); err != nil {
 		if !c.closed() {
 			c.fail("client_io", "write to client failed", err)
@@ -487,4 +494,17 @@ func discoverBrokers(up net.Conn, m AddressMapper) error {
 	}
 	_, _, err = RewriteResponse(req.Key(), req.Version, resp[4+hlen:], m)
 	return err
+}
+
+// activityReader reads the client connection and marks the connection
+// active on every read that returns bytes, so a large request arriving
+// slowly is not taken for an idle connection.
+type activityReader struct{ c *conn }
+
+func (a activityReader) Read(p []byte) (int, error) {
+	n, err := a.c.client.Read(p)
+	if n > 0 {
+		a.c.active.Store(time.Now().UnixNano())
+	}
+	return n, err
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -18,6 +19,8 @@ var rewriteKeys = map[int16]bool{
 	1:  true, // Fetch: KIP-951 NodeEndpoints (v16+)
 	3:  true, // Metadata: brokers
 	10: true, // FindCoordinator: v0–v3 single, v4+ batched coordinators
+	32: true, // DescribeConfigs: listener configs of brokers (masked)
+	55: true, // DescribeQuorum: controller listeners (v2+, dropped)
 	60: true, // DescribeCluster: brokers
 	78: true, // ShareFetch: NodeEndpoints
 	79: true, // ShareAcknowledge: NodeEndpoints
@@ -120,6 +123,34 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 				return nil, false, err
 			}
 		}
+	case *kmsg.DescribeConfigsResponse:
+		// Broker configs name the real listeners (listeners,
+		// advertised.listeners, controller.quorum.voters, ...). They are
+		// masked the way Kafka hides a sensitive config: null value,
+		// IsSensitive set. Other configs pass unchanged.
+		for i := range r.Resources {
+			res := &r.Resources[i]
+			for j := range res.Configs {
+				c := &res.Configs[j]
+				if addressConfig(c.Name) && c.Value != nil {
+					c.Value, c.IsSensitive, changed = nil, true, true
+				}
+				for k := range c.ConfigSynonyms {
+					syn := &c.ConfigSynonyms[k]
+					if addressConfig(syn.Name) && syn.Value != nil {
+						syn.Value, changed = nil, true
+					}
+				}
+			}
+		}
+	case *kmsg.DescribeQuorumResponse:
+		// v2+ lists each controller's listeners: the proxy does not
+		// proxy controllers, so their endpoints are dropped.
+		for i := range r.Nodes {
+			if len(r.Nodes[i].Listeners) > 0 {
+				r.Nodes[i].Listeners, changed = nil, true
+			}
+		}
 	default:
 		return nil, false, nil
 	}
@@ -127,4 +158,14 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 		return nil, false, nil
 	}
 	return resp.AppendTo(make([]byte, 0, len(body))), true, nil
+}
+
+// addressConfig reports whether a broker config names network endpoints
+// (host:port) that a client of the proxy must not learn.
+func addressConfig(name string) bool {
+	switch name {
+	case "listeners", "advertised.listeners", "controller.quorum.voters", "controller.quorum.bootstrap.servers":
+		return true
+	}
+	return strings.HasSuffix(name, ".listeners") || strings.HasSuffix(name, "bootstrap.servers")
 }
