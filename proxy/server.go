@@ -142,7 +142,15 @@ func (s *Server) Start(ctx context.Context) error {
 		"upstream", s.cfg.Upstream, "tls", s.clientTLS != nil)
 	s.wg.Add(1)
 	go s.acceptLoop(ln, -1)
-	go s.discover(ctx)
+	// Discover the brokers now: a broker port that cannot be opened (taken,
+	// or past 65535) is a configuration error to report at start-up, not at
+	// every client's first Metadata. An unreachable upstream is only logged.
+	if err := s.discover(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = s.Shutdown(sctx)
+		cancel()
+		return err
+	}
 	if s.cfg.IdleTimeout > 0 {
 		go s.reapIdle()
 	}
@@ -259,7 +267,7 @@ func (s *Server) brokerPort(nodeID int32) (int, error) {
 		p = int64(s.bootstrapPort) + 1 + int64(nodeID)
 	}
 	if p > 65535 {
-		return 0, fmt.Errorf("node id %d gives port %d > 65535: set broker.port.base lower", nodeID, p)
+		return 0, fmt.Errorf("%w: node id %d gives port %d > 65535: set broker.port.base lower", ErrBrokerPort, nodeID, p)
 	}
 	return int(p), nil
 }
@@ -289,7 +297,7 @@ func (s *Server) mapAddress(nodeID int32, host string, port int32) (string, int3
 	ln, err := s.listen(net.JoinHostPort(s.listenHost, strconv.Itoa(want)))
 	if err != nil {
 		s.m.errors.WithLabelValues("listen").Inc()
-		return "", 0, fmt.Errorf("listener for broker %d: %w", nodeID, err)
+		return "", 0, fmt.Errorf("%w: listener for broker %d: %w", ErrBrokerPort, nodeID, err)
 	}
 	_, ps, _ := net.SplitHostPort(ln.Addr().String())
 	p, _ := strconv.Atoi(ps)
@@ -469,22 +477,30 @@ func (s *Server) removeConn(c *conn) {
 // discover asks the upstream cluster for its brokers through an in-process
 // connection to the proxy itself, so listeners exist before any client asks;
 // a failure (e.g. an upstream that requires SASL) is logged and harmless.
-func (s *Server) discover(ctx context.Context) {
+func (s *Server) discover(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	up, err := s.dialUpstream(ctx, -1)
 	if err != nil {
 		s.log.Warn("upstream not reachable at start-up; listeners open on first metadata", "err", err)
-		return
+		return nil
 	}
 	defer up.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = up.SetDeadline(dl)
 	}
 	if err := discoverBrokers(up, s.mapAddress); err != nil {
+		if errors.Is(err, ErrBrokerPort) {
+			return err
+		}
 		s.log.Warn("broker discovery at start-up failed; listeners open on first metadata", "err", err)
 	}
+	return nil
 }
+
+// ErrBrokerPort: a broker's listener cannot be opened (its port is taken, or
+// the node id puts it past 65535).
+var ErrBrokerPort = errors.New("cannot open the listener of a broker")
 
 // readerPool holds the 64 KiB bufio.Readers of connections (client and upstream sides).
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}

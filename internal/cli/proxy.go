@@ -104,6 +104,9 @@ shutdown.timeout.ms) and exits 0.`,
 			}
 			ctx := cmd.Context()
 			if err := s.Start(ctx); err != nil {
+				if errors.Is(err, proxy.ErrBrokerPort) {
+					return &usageError{err: err} // a port layout that cannot work: fix the config
+				}
 				return err
 			}
 			fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s -> %v\n", s.Addr(), cfg.Upstream)

