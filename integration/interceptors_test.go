@@ -173,11 +173,14 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 	via := interceptorProxy(t, 0, largeMessageSpec(topic, storeURL))
 	const size = 50 << 20
 	want := map[string][]byte{"kcat-50MiB": printable(51, size), "java-50MiB": printable(52, size)}
+	start := time.Now()
+	step := func(what string) { t.Logf("%s: done after %v", what, time.Since(start).Round(time.Millisecond)) }
 
 	// librdkafka refuses a record over message.max.bytes (default 1000000)
 	// before sending it.
 	kcatProduce(t, via, topic, []clientRecord{{Key: []byte("kcat-50MiB"), Value: want["kcat-50MiB"]}}, nil,
 		"-X", "message.max.bytes=60000000")
+	step("kcat produce")
 	// The Java producer refuses a record over max.request.size (default
 	// 1048576) or over buffer.memory (default 32 MiB).
 	var in bytes.Buffer
@@ -185,6 +188,7 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 	javaBigHeap(t, in.Bytes(), javaConsoleProducer, "--bootstrap-server", via, "--topic", topic,
 		"--reader-property", "parse.key=true", "--reader-property", "parse.headers=true",
 		"--command-property", "max.request.size=60000000", "--command-property", "buffer.memory=134217728")
+	step("Java console producer")
 
 	checkReferences(t, topic, 2, map[string]bool{"kcat-50MiB": true, "java-50MiB": true}, want)
 
