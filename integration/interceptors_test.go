@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -177,9 +178,13 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 	step := func(what string) { t.Logf("%s: done after %v", what, time.Since(start).Round(time.Millisecond)) }
 
 	// librdkafka refuses a record over message.max.bytes (default 1000000)
-	// before sending it.
-	kcatProduce(t, via, topic, []clientRecord{{Key: []byte("kcat-50MiB"), Value: want["kcat-50MiB"]}}, nil,
-		"-X", "message.max.bytes=60000000")
+	// before sending it. kcat sends a file given as argument as one record
+	// (its line reader takes ~45 s of CPU for one 50 MiB line).
+	file := filepath.Join(t.TempDir(), "value")
+	if err := os.WriteFile(file, want["kcat-50MiB"], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, nil, kcatPath(t), "-P", "-b", via, "-t", topic, "-k", "kcat-50MiB", "-X", "message.max.bytes=60000000", file)
 	step("kcat produce")
 	// The Java producer refuses a record over max.request.size (default
 	// 1048576) or over buffer.memory (default 32 MiB).
