@@ -199,7 +199,11 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	res := c.s.ic.chain.InterceptProduce(c.ctx, req, c.s.ic.maxMessageBytes)
 	for _, a := range res.Answered {
 		if a.Err != nil {
-			c.log.Info("produce interceptor answered a partition", "topic", a.Topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
+			topic := a.Topic
+			if topic == "" { // Produce v13+ names topics by id
+				topic, _ = c.s.ic.topicName(a.TopicID)
+			}
+			c.log.Info("produce interceptor answered a partition", "topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
 		}
 	}
 	if len(res.Answered) > 0 {
