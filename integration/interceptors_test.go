@@ -161,8 +161,8 @@ func checkReferences(t *testing.T, topic string, n int, offloaded map[string]boo
 	return raw
 }
 
-// A 50 MiB record from kcat and one from the Java console producer go
-// through the proxy's large-message interceptor to a broker at its 1 MiB
+// A 50 MiB record from kcat, one from the Java console producer and one
+// from franz-go go through the proxy's large-message interceptor to a broker at its 1 MiB
 // default; the Java console consumer, Python and franz-go read both back
 // through the proxy, the Go library straight from the broker.
 func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
@@ -173,7 +173,8 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 	topic := clientTopic(t, 1, nil)
 	via := interceptorProxy(t, 0, largeMessageSpec(topic, storeURL))
 	const size = 50 << 20
-	want := map[string][]byte{"kcat-50MiB": printable(51, size), "java-50MiB": printable(52, size)}
+	want := map[string][]byte{"kcat-50MiB": printable(51, size), "java-50MiB": printable(52, size), "franz-go-50MiB": printable(53, size)}
+	n := len(want)
 	start := time.Now()
 	step := func(what string) { t.Logf("%s: done after %v", what, time.Since(start).Round(time.Millisecond)) }
 
@@ -194,12 +195,19 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 		"--reader-property", "parse.key=true", "--reader-property", "parse.headers=true",
 		"--command-property", "max.request.size=60000000", "--command-property", "buffer.memory=134217728")
 	step("Java console producer")
+	// franz-go refuses a record over ProducerBatchMaxBytes (default
+	// 1000012); BrokerMaxWriteBytes (default 100 MiB) bounds the request.
+	fprod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchMaxBytes(60000000))
+	if err := fprod.ProduceSync(ctxT(t, time.Minute), &kgo.Record{Key: []byte("franz-go-50MiB"), Value: want["franz-go-50MiB"]}).FirstErr(); err != nil {
+		t.Fatalf("franz-go produce of 50 MiB through the proxy: %v", err)
+	}
+	step("franz-go producer")
 
-	checkReferences(t, topic, 2, map[string]bool{"kcat-50MiB": true, "java-50MiB": true}, want)
+	checkReferences(t, topic, n, map[string]bool{"kcat-50MiB": true, "java-50MiB": true, "franz-go-50MiB": true}, want)
 
 	t.Run("JavaConsumer", func(t *testing.T) {
 		a := append([]string{"--bootstrap-server", via, "--topic", topic, "--from-beginning",
-			"--max-messages", "2", "--timeout-ms", "60000"}, javaConsumerArgs...)
+			"--max-messages", fmt.Sprint(n), "--timeout-ms", "60000"}, javaConsumerArgs...)
 		out := javaBigHeap(t, nil, javaConsoleConsumer, a...)
 		recs, err := parseJavaConsole(out)
 		if err != nil {
@@ -214,15 +222,15 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 		sameDigests(t, "python consume", pyConsume(t, via, topic), want)
 	})
 	t.Run("FranzGo", func(t *testing.T) {
-		sameDigests(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, 2)), want)
+		sameDigests(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, n)), want)
 	})
 	t.Run("GoLibraryDirect", func(t *testing.T) {
 		cons := largemessage.NewConsumer(client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())),
 			largemessage.NewDeserializer(openStore(t, storeURL), false))
 		ctx := ctxT(t, time.Minute)
 		var got []*kgo.Record
-		for len(got) < 2 {
-			recs, err := cons.PollRecords(ctx, 2-len(got))
+		for len(got) < n {
+			recs, err := cons.PollRecords(ctx, n-len(got))
 			if err != nil {
 				t.Fatalf("Go library consume: %v", err)
 			}
