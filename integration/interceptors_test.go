@@ -377,23 +377,42 @@ func TestInterceptorsTransactions(t *testing.T) {
 // the tests that use franz-go first).
 func pythonOK() bool { return os.Getenv("FERRY_PYTHON") != "" }
 
-// An idempotent producer (franz-go's default), whose records the proxy rewrites (offloads): every record is
-// acknowledged, at the offset of its produce order, and reads back in order.
+// Idempotent producers whose records the proxy rewrites (offloads):
+// franz-go (idempotent by default, up to 5 requests in flight) and
+// librdkafka (Python, enable.idempotence=true, 5 in flight). Every record
+// is acknowledged at the offset of its produce order (no
+// OUT_OF_ORDER_SEQUENCE_NUMBER, no duplicate), the broker holds references
+// for the large ones, and all read back in order through the proxy.
 func TestInterceptorsIdempotentRewritten(t *testing.T) {
 	storeURL := interceptorStoreURL(t)
-	topic := clientTopic(t, 1, nil)
-	via := interceptorProxy(t, 0, largeMessageSpec(topic, storeURL))
-	prod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchMaxBytes(4<<20),
-		kgo.ProducerLinger(5*time.Millisecond))
+	topic, pyTopic := clientTopic(t, 1, nil), clientTopic(t, 1, nil)
+	via := interceptorProxy(t, 0, largeMessageSpec(topic+"|"+pyTopic, storeURL))
 	const n = 30
 	var values [][]byte
+	values2 := map[string][]byte{}
+	large := map[string]bool{}
 	for i := range n {
 		if i%3 == 0 {
 			values = append(values, randomBytes(uint64(300+i), 1200<<10))
+			large[fmt.Sprint(i)] = true
 		} else {
 			values = append(values, []byte(fmt.Sprintf("small record %d", i)))
 		}
+		values2[fmt.Sprint(i)] = values[i]
 	}
+	readBack := func(topic string) {
+		t.Helper()
+		checkReferences(t, topic, n, large, values2)
+		got := proxyRecords(t, via, topic, n)
+		for i, r := range got {
+			if r.Offset != int64(i) || string(r.Key) != fmt.Sprint(i) || !bytes.Equal(r.Value, values[i]) {
+				t.Fatalf("record at offset %d: key %q, %d value bytes; want key %d with its %d bytes", r.Offset, r.Key, len(r.Value), i, len(values[i]))
+			}
+		}
+	}
+
+	prod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchMaxBytes(4<<20),
+		kgo.ProducerLinger(5*time.Millisecond))
 	ctx := ctxT(t, 2*time.Minute)
 	offsets := make([]int64, n)
 	errs := make([]error, n)
@@ -414,18 +433,34 @@ func TestInterceptorsIdempotentRewritten(t *testing.T) {
 			t.Fatalf("record %d acknowledged at offset %d, want %d (offsets %v)", i, o, i, offsets)
 		}
 	}
-	got := proxyRecords(t, via, topic, n)
-	for i, r := range got {
-		if r.Offset != int64(i) || string(r.Key) != fmt.Sprint(i) || !bytes.Equal(r.Value, values[i]) {
-			t.Fatalf("record at offset %d: key %q, %d value bytes; want key %d with its %d bytes", r.Offset, r.Key, len(r.Value), i, len(values[i]))
+	readBack(topic)
+
+	if !pythonOK() {
+		return
+	}
+	var recs []clientRecord
+	for i, v := range values {
+		recs = append(recs, clientRecord{Key: []byte(fmt.Sprint(i)), Value: v})
+	}
+	out := pyRun(t, pyRecordsJSON(t, recs), via, []string{"enable.idempotence=true", "max.in.flight.requests.per.connection=5",
+		"message.max.bytes=4000000", "linger.ms=5"}, "produce", pyTopic)
+	acks := jsonLines[pyRecord](t, out)
+	if len(acks) != n {
+		t.Fatalf("python acknowledged %d records, want %d", len(acks), n)
+	}
+	for i, a := range acks {
+		if a.Offset != int64(i) {
+			t.Fatalf("python: delivery %d at offset %d, want %d", i, a.Offset, i)
 		}
 	}
+	t.Logf("python (librdkafka, idempotent): %d records acknowledged at offsets 0..%d in order", n, n-1)
+	readBack(pyTopic)
 }
 
 // validate-json on produce: a batch holding an invalid record is rejected
 // whole with INVALID_RECORD, which franz-go returns for each record of the
-// batch, and nothing is appended; a valid batch passes; librdkafka
-// (Python) shows the proxy's message.
+// batch, and nothing is appended; a valid batch passes; the Java producer
+// shows the proxy's message.
 func TestInterceptorsValidateJSONRejects(t *testing.T) {
 	topic := clientTopic(t, 1, nil)
 	via := interceptorProxy(t, 0, interceptor.Spec{Name: "validate-json", Config: map[string]string{interceptor.KeyTopicPattern: topic}})
