@@ -263,6 +263,12 @@ type batchHook struct {
 	batches []kgo.ProduceBatchMetrics
 }
 
+func (h *batchHook) written() []kgo.ProduceBatchMetrics {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.batches)
+}
+
 func (h *batchHook) OnProduceBatchWritten(_ kgo.BrokerMetadata, _ string, _ int32, m kgo.ProduceBatchMetrics) {
 	h.mu.Lock()
 	h.batches = append(h.batches, m)
@@ -313,8 +319,10 @@ func TestInterceptorsMixedCompressedBatch(t *testing.T) {
 			if err := errors.Join(errs...); err != nil {
 				t.Fatalf("produce through the proxy: %v", err)
 			}
-			if len(hook.batches) != 1 || hook.batches[0].NumRecords != len(keys) || hook.batches[0].CompressionType != c.attr {
-				t.Fatalf("the producer sent batches %+v, want one %s batch of %d records", hook.batches, c.name, len(keys))
+			// franz-go calls the hook in its own goroutine, after the promises.
+			waitFor(t, 10*time.Second, func() bool { return len(hook.written()) > 0 }, func() string { return "no batch written" })
+			if b := hook.written(); len(b) != 1 || b[0].NumRecords != len(keys) || b[0].CompressionType != c.attr {
+				t.Fatalf("the producer sent batches %+v, want one %s batch of %d records", b, c.name, len(keys))
 			}
 
 			raw := checkReferences(t, topic, len(keys), large, values)
