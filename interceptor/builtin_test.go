@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -373,5 +374,28 @@ func TestInterceptFetchLimits(t *testing.T) {
 			t.Fatalf("%s: truncated %d partitions, want %d (error %d)", tc.name, out.Truncated, tc.truncate, p.ErrorCode)
 		}
 		checkBatches(t, p.RecordBatches)
+	}
+}
+
+// Batches already over the fetch limits as the broker sent them are left
+// out without being seen by the interceptors (large-message would read
+// their payloads only to drop them).
+func TestInterceptFetchLimitsSkipsWork(t *testing.T) {
+	var calls atomic.Int64
+	count := func(_ context.Context, r *Record) error { calls.Add(1); return nil }
+	ch := NewChain([]Instance{{Fetch: icpt(t, "count", "t", count)}}, Options{})
+	var set []byte
+	for i := range 3 {
+		pb := plainBatch(t, 0, -1, strings.Repeat("x", 100))
+		binary.BigEndian.PutUint64(pb, uint64(i))
+		set = append(set, pb...)
+	}
+	resp := fetchResponse(map[string][]byte{"t": set})
+	out := ch.InterceptFetchLimited(context.Background(), resp, FetchLimits{MaxBytes: 10})
+	if n := calls.Load(); n != 1 || out.Truncated != 1 {
+		t.Fatalf("interceptor called %d times (want 1: the first batch only), %d partitions truncated", n, out.Truncated)
+	}
+	if got := records(t, "t", &resp.Topics[0].Partitions[0]); len(got) != 1 || got[0].Offset != 0 {
+		t.Fatalf("records %v, want the first only", got)
 	}
 }

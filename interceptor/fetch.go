@@ -237,6 +237,12 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, part
 				continue
 			}
 		}
+		if !fits(raw) {
+			// Over the limits already as the broker sent it: not worth
+			// rewriting (large-message would read payloads to drop them).
+			changed, cut = true, true
+			break
+		}
 		nb, err := c.fetchBatch(ctx, w, topic, partition, raw, ps)
 		if err != nil {
 			return out, true, false, n, codeOf(err, kerr.KafkaStorageError.Code), err
