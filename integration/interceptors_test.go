@@ -639,3 +639,49 @@ func TestInterceptorsStoreOutage(t *testing.T) {
 		t.Fatalf("record read back at offset %d with %d bytes, want offset 0 with %d", got[0].Offset, len(got[0].Value), len(value))
 	}
 }
+
+// A record over the default 100 MiB bounds: 120 MiB through a proxy whose
+// socket.request.max.bytes is raised to 256 MiB, produced by franz-go with
+// its write limits raised, read by the Java console consumer with no
+// settings, by Python with receive.message.max.bytes raised and by franz-go
+// with BrokerMaxReadBytes raised (without it franz-go refuses the response).
+func TestInterceptorsRecordOver100MiB(t *testing.T) {
+	kafkaToolsCP(t)
+	pythonPath(t)
+	storeURL := interceptorStoreURL(t)
+	topic := clientTopic(t, 1, nil)
+	via := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(brokers(t)), MaxRequestBytes: 256 << 20,
+		Interceptors: []interceptor.Spec{largeMessageSpec(topic, storeURL)}}).Addr()
+	want := map[string][]byte{"franz-go-120MiB": printable(54, 120<<20)}
+
+	prod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchMaxBytes(200<<20), kgo.BrokerMaxWriteBytes(256<<20))
+	if err := prod.ProduceSync(ctxT(t, time.Minute), &kgo.Record{Key: []byte("franz-go-120MiB"), Value: want["franz-go-120MiB"]}).FirstErr(); err != nil {
+		t.Fatalf("franz-go produce of 120 MiB through the proxy: %v", err)
+	}
+	checkReferences(t, topic, 1, map[string]bool{"franz-go-120MiB": true}, want)
+
+	// franz-go at its default BrokerMaxReadBytes (100 MiB) cannot read it.
+	cl := viaClient(t, via, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	ctx := ctxT(t, 30*time.Second)
+	var ferr error
+	for ferr == nil && ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachError(func(_ string, _ int32, err error) { ferr = err })
+		if len(fs.Records()) > 0 {
+			t.Fatal("franz-go read a 120 MiB response at its default BrokerMaxReadBytes")
+		}
+	}
+	if ferr == nil || !strings.Contains(ferr.Error(), "BrokerMaxReadBytes") {
+		t.Fatalf("franz-go at its default read limit: %v, want a BrokerMaxReadBytes error", ferr)
+	}
+
+	sameDigests(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, 1, kgo.BrokerMaxReadBytes(256<<20))), want)
+	sameDigests(t, "python consume", pyConsume(t, via, topic, "receive.message.max.bytes=268435456"), want)
+	a := append([]string{"--bootstrap-server", via, "--topic", topic, "--from-beginning",
+		"--max-messages", "1", "--timeout-ms", "60000"}, javaConsumerArgs...)
+	recs, err := parseJavaConsole(javaBigHeap(t, nil, javaConsoleConsumer, a...))
+	if err != nil {
+		t.Fatalf("console consumer output: %v", err)
+	}
+	sameDigests(t, "java console consumer", recs, want)
+}
