@@ -53,7 +53,7 @@ func BenchmarkLarge(b *testing.B) {
 					Upstream:           proxy.SplitList(admin),
 					MaxRequestBytes:    256 << 20,
 					InterceptorTimeout: 60 * time.Second,
-					Interceptors:       []interceptor.Spec{largeMessageSpec(store)},
+					Interceptors:       []interceptor.Spec{benchLargeMessageSpec(store)},
 				}).Addr()
 			}
 			for _, size := range []struct {

@@ -32,9 +32,9 @@ func countFiles(tb testing.TB, dir string) int {
 	return n
 }
 
-// largeMessageSpec is the large-message interceptor on every topic, both
+// benchLargeMessageSpec is the large-message interceptor on every topic, both
 // sides, with a file store in dir and the default (derived) threshold.
-func largeMessageSpec(dir string) interceptor.Spec {
+func benchLargeMessageSpec(dir string) interceptor.Spec {
 	return interceptor.Spec{Name: "large-message", Config: map[string]string{
 		largemessage.KeyStoreURL: "file://" + dir,
 	}}
@@ -64,7 +64,7 @@ func BenchmarkProxy(b *testing.B) {
 				store := b.TempDir()
 				bootstrap = startProxyServer(b, proxy.Config{
 					Upstream:     proxy.SplitList(bootstrap),
-					Interceptors: []interceptor.Spec{largeMessageSpec(store)},
+					Interceptors: []interceptor.Spec{benchLargeMessageSpec(store)},
 				}).Addr()
 				// The workload is meant to stay under the threshold: a payload in
 				// the store means the figures measure something else.

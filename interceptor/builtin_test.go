@@ -1,12 +1,15 @@
 package interceptor
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,5 +315,87 @@ func TestBuild(t *testing.T) {
 	}
 	if _, err := ParseTimeout(map[string]string{KeyTimeout: "-1"}); err == nil {
 		t.Fatal("negative timeout accepted")
+	}
+}
+
+// A fetch interceptor that makes records larger (as large-message does)
+// keeps the response within the consumer's max_bytes and partition max
+// bytes (KIP-74): later batches are left out, the first batch of the
+// response is always kept, a later partition may be left empty.
+func TestInterceptFetchLimits(t *testing.T) {
+	grow := func(_ context.Context, r *Record) error { r.Value = bytes.Repeat(r.Value, 1000); return nil }
+	ch := NewChain([]Instance{{Fetch: icpt(t, "grow", "t", grow)}}, Options{})
+	set := func() []byte {
+		var b []byte
+		for i := range 3 {
+			pb := plainBatch(t, 0, -1, "x")
+			binary.BigEndian.PutUint64(pb, uint64(i))
+			b = append(b, pb...)
+		}
+		return b
+	}
+	build := func() *kmsg.FetchResponse {
+		resp := fetchResponse(map[string][]byte{"t": set()})
+		resp.Topics = append(resp.Topics, fetchResponse(map[string][]byte{"u": plainBatch(t, 0, -1, "small")}).Topics...)
+		return resp
+	}
+	offsets := func(p *kmsg.FetchResponseTopicPartition) []int64 {
+		var o []int64
+		for _, r := range records(t, "t", p) {
+			if len(r.Value) != 1000 {
+				t.Fatalf("record at %d has %d bytes, want 1000", r.Offset, len(r.Value))
+			}
+			o = append(o, r.Offset)
+		}
+		return o
+	}
+	for _, tc := range []struct {
+		name     string
+		limits   FetchLimits
+		want     []int64
+		uEmpty   bool
+		truncate int
+	}{
+		{"no limits", FetchLimits{}, []int64{0, 1, 2}, false, 0},
+		{"max bytes below one batch", FetchLimits{MaxBytes: 100}, []int64{0}, true, 2},
+		{"max bytes for two", FetchLimits{MaxBytes: 2300}, []int64{0, 1}, false, 1},
+		{"partition max bytes", FetchLimits{MaxBytes: 1 << 20, PartitionMaxBytes: map[FetchPartition]int32{{Topic: "t"}: 1500}}, []int64{0}, false, 1},
+	} {
+		resp := build()
+		out := ch.InterceptFetchLimited(context.Background(), resp, tc.limits)
+		p := &resp.Topics[0].Partitions[0]
+		if got := offsets(p); !slices.Equal(got, tc.want) {
+			t.Fatalf("%s: offsets %v, want %v", tc.name, got, tc.want)
+		}
+		if u := resp.Topics[1].Partitions[0]; (len(u.RecordBatches) == 0) != tc.uEmpty || u.ErrorCode != 0 {
+			t.Fatalf("%s: untouched topic left with %d bytes, error %d", tc.name, len(u.RecordBatches), u.ErrorCode)
+		}
+		if out.Truncated != tc.truncate || p.ErrorCode != 0 {
+			t.Fatalf("%s: truncated %d partitions, want %d (error %d)", tc.name, out.Truncated, tc.truncate, p.ErrorCode)
+		}
+		checkBatches(t, p.RecordBatches)
+	}
+}
+
+// Batches already over the fetch limits as the broker sent them are left
+// out without being seen by the interceptors (large-message would read
+// their payloads only to drop them).
+func TestInterceptFetchLimitsSkipsWork(t *testing.T) {
+	var calls atomic.Int64
+	count := func(_ context.Context, r *Record) error { calls.Add(1); return nil }
+	ch := NewChain([]Instance{{Fetch: icpt(t, "count", "t", count)}}, Options{})
+	var set []byte
+	for i := range 3 {
+		pb := plainBatch(t, 0, -1, strings.Repeat("x", 100))
+		binary.BigEndian.PutUint64(pb, uint64(i))
+		set = append(set, pb...)
+	}
+	resp := fetchResponse(map[string][]byte{"t": set})
+	out := ch.InterceptFetchLimited(context.Background(), resp, FetchLimits{MaxBytes: 10})
+	if n := calls.Load(); n != 1 || out.Truncated != 1 {
+		t.Fatalf("interceptor called %d times (want 1: the first batch only), %d partitions truncated", n, out.Truncated)
+	}
+	if got := records(t, "t", &resp.Topics[0].Partitions[0]); len(got) != 1 || got[0].Offset != 0 {
+		t.Fatalf("records %v, want the first only", got)
 	}
 }

@@ -31,8 +31,40 @@ type FetchPartitionResult struct {
 type FetchOutcome struct {
 	// Failed are the partitions with an error, for logs and metrics.
 	Failed []FetchPartitionResult
-	// Rewritten counts the partitions whose record batches were re-encoded.
+	// Rewritten counts the partitions whose record batches were re-encoded
+	// or cut to the fetch limits.
 	Rewritten int
+	// Truncated counts the partitions whose trailing batches were left
+	// out to keep the response within the FetchLimits.
+	Truncated int
+}
+
+// FetchPartition names a partition of a fetch: by topic name (Fetch v0-v12)
+// or topic id (v13+), as the request and response do.
+type FetchPartition struct {
+	Topic     string
+	TopicID   [16]byte
+	Partition int32
+}
+
+// FetchLimits are the consumer's limits from its Fetch request (KIP-74):
+// the record bytes of the whole response (max_bytes, fetch.max.bytes) and
+// of each partition (partition_max_bytes, max.partition.fetch.bytes). Zero
+// or absent means no limit.
+type FetchLimits struct {
+	MaxBytes          int32
+	PartitionMaxBytes map[FetchPartition]int32
+}
+
+// FetchLimitsOf reads the limits of a Fetch request.
+func FetchLimitsOf(req *kmsg.FetchRequest) FetchLimits {
+	l := FetchLimits{MaxBytes: req.MaxBytes, PartitionMaxBytes: map[FetchPartition]int32{}}
+	for _, t := range req.Topics {
+		for _, p := range t.Partitions {
+			l.PartitionMaxBytes[FetchPartition{t.Topic, t.TopicID, p.Partition}] = p.PartitionMaxBytes
+		}
+	}
+	return l
 }
 
 // InterceptFetch runs the chain's fetch interceptors over resp, in place.
@@ -58,28 +90,59 @@ type FetchOutcome struct {
 // ErrSkipRecord rather than an error. Fetch responses carry no error
 // message: the proxy logs FetchOutcome.Failed.
 func (c *Chain) InterceptFetch(ctx context.Context, resp *kmsg.FetchResponse) FetchOutcome {
+	return c.InterceptFetchLimited(ctx, resp, FetchLimits{})
+}
+
+// InterceptFetchLimited is InterceptFetch keeping the response within the
+// consumer's limits, as the broker does (KIP-74): rewritten records may be
+// far larger than the broker's (large-message replaces references by their
+// payloads), so after rewriting, the batches that would take the response
+// over limits.MaxBytes, or their partition over its partition max bytes,
+// are left out, with every later batch of that partition; the consumer
+// fetches them next time. The first batch of the response is always kept
+// (the consumer could never make progress otherwise). A partition left
+// without batches keeps its high watermark and no error.
+func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchResponse, limits FetchLimits) FetchOutcome {
 	var out FetchOutcome
 	if len(c.fetch) == 0 {
 		return out
 	}
+	var used int64 // record bytes of the response so far
+	limitFor := func(t *kmsg.FetchResponseTopic, partition int32) int64 {
+		lim := int64(-1)
+		if limits.MaxBytes > 0 {
+			lim = max(int64(limits.MaxBytes)-used, 0)
+		}
+		if pm := limits.PartitionMaxBytes[FetchPartition{t.Topic, t.TopicID, partition}]; pm > 0 && (lim < 0 || int64(pm) < lim) {
+			lim = int64(pm)
+		}
+		return lim
+	}
 	for ti := range resp.Topics {
 		t := &resp.Topics[ti]
 		name, ok := c.topicName(t.Topic, t.TopicID)
-		if !ok {
-			continue
-		}
-		ps := c.fetchProcs(name)
-		if len(ps) == 0 {
-			continue
+		var ps []proc
+		if ok {
+			ps = c.fetchProcs(name)
 		}
 		for pi := range t.Partitions {
 			p := &t.Partitions[pi]
-			if p.ErrorCode != 0 || len(p.RecordBatches) == 0 {
+			if len(ps) == 0 || p.ErrorCode != 0 || len(p.RecordBatches) == 0 {
+				// Not rewritten: within the broker's bounds on its own, but
+				// not after earlier partitions grew.
+				if lim := limitFor(t, p.Partition); lim >= 0 && used > 0 && int64(len(p.RecordBatches)) > lim {
+					p.RecordBatches = nil
+					out.Truncated++
+					out.Rewritten++
+				}
+				used += int64(len(p.RecordBatches))
 				continue
 			}
+			limit, firstOK := limitFor(t, p.Partition), used == 0
 			type res struct {
 				b       []byte
 				changed bool
+				cut     bool
 				failAt  int
 				err     error
 				code    int16
@@ -87,8 +150,8 @@ func (c *Chain) InterceptFetch(ctx context.Context, resp *kmsg.FetchResponse) Fe
 			// The worker must not read p: it may outlive the budget.
 			set, part, aborted := p.RecordBatches, p.Partition, slices.Clone(p.AbortedTransactions)
 			v, f := c.run(ctx, func(ctx context.Context, w *watch) (any, *failure) {
-				b, changed, failAt, code, err := c.fetchPartition(ctx, w, name, part, set, aborted, ps)
-				return res{b, changed, failAt, err, code}, nil
+				b, changed, cut, failAt, code, err := c.fetchPartition(ctx, w, name, part, set, aborted, ps, limit, firstOK)
+				return res{b, changed, cut, failAt, err, code}, nil
 			})
 			if f != nil {
 				p.ErrorCode = kerr.KafkaStorageError.Code
@@ -109,29 +172,44 @@ func (c *Chain) InterceptFetch(ctx context.Context, resp *kmsg.FetchResponse) Fe
 					p.RecordBatches = r.b
 					fr.Partial = true
 				}
+				used += int64(len(p.RecordBatches))
 				out.Failed = append(out.Failed, fr)
 				continue
 			}
 			if r.changed {
 				p.RecordBatches = r.b
 				out.Rewritten++
+				if r.cut {
+					out.Truncated++
+				}
 			}
+			used += int64(len(p.RecordBatches))
 		}
 	}
 	return out
 }
 
 // fetchPartition rewrites a partition's record set. On error, out holds
-// the rewritten batches before the failing one, failAt its index.
+// the rewritten batches before the failing one, failAt its index. With
+// limit >= 0 the rewritten set is cut before the first batch that would take
+// it over limit bytes (cut reports it), unless that is its first batch and
+// firstOK.
 func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, partition int32, set []byte,
-	aborted []kmsg.FetchResponseTopicPartitionAbortedTransaction, ps []proc) (out []byte, changed bool, failAt int, code int16, err error) {
+	aborted []kmsg.FetchResponseTopicPartitionAbortedTransaction, ps []proc, limit int64, firstOK bool) (out []byte, changed, cut bool, failAt int, code int16, err error) {
 	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
 	aborting := map[int64]bool{}
+	fits := func(b []byte) bool {
+		return limit < 0 || int64(len(out)+len(b)) <= limit || (firstOK && len(out) == 0)
+	}
 	rest := set
 	for n := 0; len(rest) > 0; n++ {
 		raw, next, complete := splitBatch(rest)
 		if !complete {
-			out = append(out, rest...) // a partial batch: consumers discard it
+			if fits(rest) {
+				out = append(out, rest...) // a partial batch: consumers discard it
+			} else {
+				changed, cut = true, true
+			}
 			break
 		}
 		rest = next
@@ -151,13 +229,27 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, part
 				if attrs&attrControl != 0 {
 					delete(aborting, pid) // the abort marker ends the transaction
 				}
+				if !fits(raw) {
+					changed, cut = true, true
+					break
+				}
 				out = append(out, raw...)
 				continue
 			}
 		}
+		if !fits(raw) {
+			// Over the limits already as the broker sent it: not worth
+			// rewriting (large-message would read payloads to drop them).
+			changed, cut = true, true
+			break
+		}
 		nb, err := c.fetchBatch(ctx, w, topic, partition, raw, ps)
 		if err != nil {
-			return out, true, n, codeOf(err, kerr.KafkaStorageError.Code), err
+			return out, true, false, n, codeOf(err, kerr.KafkaStorageError.Code), err
+		}
+		if !fits(nb) {
+			changed, cut = true, true
+			break
 		}
 		if len(nb) != len(raw) || &nb[0] != &raw[0] {
 			changed = true
@@ -165,9 +257,9 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, part
 		out = append(out, nb...)
 	}
 	if !changed {
-		return set, false, 0, 0, nil
+		return set, false, false, 0, 0, nil
 	}
-	return out, true, 0, 0, nil
+	return out, true, cut, 0, 0, nil
 }
 
 func (c *Chain) fetchBatch(ctx context.Context, w *watch, topic string, partition int32, raw []byte, ps []proc) ([]byte, error) {

@@ -34,6 +34,9 @@ type inflight struct {
 	// produce: the partitions the interceptors answered, merged into the
 	// broker's Produce response (nil: none).
 	produce *interceptor.ProduceOutcome
+	// fetchLimits: a Fetch request's max_bytes and partition_max_bytes,
+	// which the fetch interceptors keep the rewritten response within.
+	fetchLimits interceptor.FetchLimits
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -201,6 +204,12 @@ func (c *conn) readLoop() {
 		}
 		c.s.m.requests.WithLabelValues(apiName(h.Key)).Inc()
 		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now()}
+		if h.Key == 1 && c.s.ic != nil && c.s.ic.chain.HasFetch() {
+			// A request that does not decode goes on: the broker answers it.
+			if req, err := decodeFetch(h.Version, frame[4+h.Len:]); err == nil {
+				f.fetchLimits = interceptor.FetchLimitsOf(req)
+			}
+		}
 		if h.Key == 0 && c.s.ic != nil && c.s.ic.chain.HasProduce() {
 			out, forward, err := c.interceptProduce(h, frame, f)
 			if err != nil {

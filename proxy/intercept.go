@@ -141,12 +141,22 @@ func (ic *interception) topicName(id [16]byte) (string, bool) {
 	return name, ok
 }
 
-// produceRequest decodes a Produce request body of the given version.
+// decodeProduce decodes a Produce request body of the given version.
 func decodeProduce(version int16, body []byte) (*kmsg.ProduceRequest, error) {
 	req := kmsg.NewPtrProduceRequest()
 	req.SetVersion(version)
 	if err := req.ReadFrom(body); err != nil {
 		return nil, fmt.Errorf("decode Produce v%d request: %w", version, err)
+	}
+	return req, nil
+}
+
+// decodeFetch decodes a Fetch request body of the given version.
+func decodeFetch(version int16, body []byte) (*kmsg.FetchRequest, error) {
+	req := kmsg.NewPtrFetchRequest()
+	req.SetVersion(version)
+	if err := req.ReadFrom(body); err != nil {
+		return nil, fmt.Errorf("decode Fetch v%d request: %w", version, err)
 	}
 	return req, nil
 }
@@ -189,7 +199,11 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	res := c.s.ic.chain.InterceptProduce(c.ctx, req, c.s.ic.maxMessageBytes)
 	for _, a := range res.Answered {
 		if a.Err != nil {
-			c.log.Info("produce interceptor answered a partition", "topic", a.Topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
+			topic := a.Topic
+			if topic == "" { // Produce v13+ names topics by id
+				topic, _ = c.s.ic.topicName(a.TopicID)
+			}
+			c.log.Info("produce interceptor answered a partition", "topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
 		}
 	}
 	if len(res.Answered) > 0 {
@@ -243,7 +257,10 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		if err := resp.ReadFrom(body); err != nil {
 			return nil, fmt.Errorf("decode Fetch v%d response: %w", f.version, err)
 		}
-		out := c.s.ic.chain.InterceptFetch(c.ctx, resp)
+		out := c.s.ic.chain.InterceptFetchLimited(c.ctx, resp, f.fetchLimits)
+		if out.Truncated > 0 {
+			c.log.Debug("fetch response cut to the consumer's limits after interceptors", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)
+		}
 		for _, p := range out.Failed {
 			c.log.Warn("fetch interceptor failed a partition", "topic", p.Topic, "partition", p.Partition, "error_code", p.ErrorCode, "partial", p.Partial, "err", p.Err)
 		}
