@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -42,8 +43,11 @@ type Chain struct {
 	instances []Instance
 }
 
-// NewChain returns a chain of the produce and fetch interceptors of
-// instances, in that order.
+// NewChain returns a chain of the produce interceptors of instances in their
+// order, and of the fetch interceptors in the reverse order: a fetch undoes
+// what a produce did, so with [redact, large-message] a produce redacts then
+// offloads, and a fetch restores the payload then redacts it (as response
+// filters run in reverse in other proxies).
 func NewChain(instances []Instance, o Options) *Chain {
 	c := &Chain{timeout: o.Timeout, names: o.TopicName}
 	if c.timeout <= 0 {
@@ -57,6 +61,7 @@ func NewChain(instances []Instance, o Options) *Chain {
 			c.fetch = append(c.fetch, in.Fetch)
 		}
 	}
+	slices.Reverse(c.fetch)
 	return c
 }
 

@@ -131,7 +131,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				// Not rewritten: within the broker's bounds on its own, but
 				// not after earlier partitions grew.
 				if lim := limitFor(t, p.Partition); lim >= 0 && used > 0 && int64(len(p.RecordBatches)) > lim {
-					p.RecordBatches = nil
+					p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
 					out.Truncated++
 					out.Rewritten++
 				}
@@ -155,7 +155,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 			})
 			if f != nil {
 				p.ErrorCode = kerr.KafkaStorageError.Code
-				p.RecordBatches = nil
+				p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
 				out.Failed = append(out.Failed, FetchPartitionResult{Topic: t.Topic, TopicID: t.TopicID, Partition: p.Partition,
 					ErrorCode: p.ErrorCode, Err: fmt.Errorf("topic %s partition %d: %s", name, p.Partition, f.msg)})
 				continue
@@ -166,7 +166,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 					Err: fmt.Errorf("topic %s partition %d: %w", name, p.Partition, r.err)}
 				if r.failAt == 0 {
 					p.ErrorCode = r.code
-					p.RecordBatches = nil
+					p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
 					fr.ErrorCode = r.code
 				} else {
 					p.RecordBatches = r.b

@@ -106,6 +106,9 @@ func storeErr(err error) error {
 // the threshold, measured exactly with the batch's codec.
 func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 	kr := toKgo(r)
+	if err := checkReferences(&kr); err != nil {
+		return err
+	}
 	codec := r.Batch.Compression
 	ser := l.sers[codec]
 	if ser == nil {
@@ -157,5 +160,25 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
 		return err
 	}
 	r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
+	return nil
+}
+
+// checkReferences refuses a record that arrives marked large-message (or
+// large-message-key) but whose value (or key) is not a PayloadReferenceValue:
+// appended, it would stop every consumer reading through the proxy at that
+// offset. Found by review. Errors wrap kerr.InvalidRecord.
+func checkReferences(kr *kgo.Record) error {
+	for _, side := range []struct {
+		marked bool
+		b      []byte
+		name   string
+	}{{largemessage.IsKeyOffloaded(kr), kr.Key, "key"}, {largemessage.IsOffloaded(kr), kr.Value, "value"}} {
+		if !side.marked {
+			continue
+		}
+		if _, err := largemessage.DecodeReference(side.b); err != nil {
+			return fmt.Errorf("%w: the record is marked as offloaded but its %s is not a PayloadReferenceValue: %v", kerr.InvalidRecord, side.name, err)
+		}
+	}
 	return nil
 }

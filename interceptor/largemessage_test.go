@@ -245,18 +245,32 @@ func TestLargeMessageTransactional(t *testing.T) {
 	}
 	resp, _ := fetchRaw(t, c, "big")
 	var resolved int
-	fc := NewChain([]Instance{in, {Fetch: icpt(t, "count", "big", func(_ context.Context, r *Record) error {
+	// Fetch interceptors run in reverse order: count runs after
+	// large-message has resolved the reference.
+	fc := NewChain([]Instance{{Fetch: icpt(t, "count", "big", func(_ context.Context, r *Record) error {
 		resolved++
 		if !bytes.Equal(r.Value, vals[true]) {
 			t.Errorf("the fetch chain saw a record other than the committed one (%d bytes)", len(r.Value))
 		}
 		return nil
-	})}}, Options{TopicName: cl.names})
+	})}, in}, Options{TopicName: cl.names})
 	if out := fc.InterceptFetch(ctx, resp); len(out.Failed) != 0 {
 		t.Fatalf("fetch outcome %+v", out)
 	}
 	got := records(t, "big", &resp.Topics[0].Partitions[0])
 	if resolved != 1 || len(got) != 1 || !bytes.Equal(got[0].Value, vals[true]) || hasFerryHeaders(got[0]) {
 		t.Fatalf("read_committed: %d records, %d seen by the chain", len(got), resolved)
+	}
+}
+
+// Found by review: a record marked large-message whose value is not a
+// reference is refused on produce (INVALID_RECORD), so it can never stop the
+// consumers of its partition.
+func TestLargeMessageRefusesForgedReference(t *testing.T) {
+	in, _ := lmSetup(t, nil)
+	r := &Record{Topic: "big", Value: []byte("garbage"), Headers: []Header{{Key: "large-message", Value: []byte("true")}}}
+	err := in.Produce.ProcessRecord(context.Background(), r)
+	if !errors.Is(err, kerr.InvalidRecord) {
+		t.Fatalf("forged reference: %v, want INVALID_RECORD", err)
 	}
 }

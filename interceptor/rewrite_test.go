@@ -383,7 +383,7 @@ func TestTimeoutFailsPartition(t *testing.T) {
 	})}}, Options{Timeout: 50e6})
 	resp := fetchResponse(map[string][]byte{"slow": plainBatch(t, 0, -1, "a")})
 	fo := fch.InterceptFetch(context.Background(), resp)
-	if p := resp.Topics[0].Partitions[0]; p.ErrorCode != kerr.KafkaStorageError.Code || p.RecordBatches != nil || len(fo.Failed) != 1 {
+	if p := resp.Topics[0].Partitions[0]; p.ErrorCode != kerr.KafkaStorageError.Code || p.RecordBatches == nil || len(p.RecordBatches) != 0 || len(fo.Failed) != 1 {
 		t.Fatalf("fetch partition %+v outcome %+v", p, fo)
 	}
 }

@@ -37,6 +37,9 @@ type inflight struct {
 	// fetchLimits: a Fetch request's max_bytes and partition_max_bytes,
 	// which the fetch interceptors keep the rewritten response within.
 	fetchLimits interceptor.FetchLimits
+	// intercepted: a Produce request the interceptors saw; its response is
+	// decoded to notice MESSAGE_TOO_LARGE (a stale max.message.bytes).
+	intercepted bool
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -211,6 +214,7 @@ func (c *conn) readLoop() {
 			}
 		}
 		if h.Key == 0 && c.s.ic != nil && c.s.ic.chain.HasProduce() {
+			f.intercepted = true
 			out, forward, err := c.interceptProduce(h, frame, f)
 			if err != nil {
 				c.fail("malformed", "bad Produce request from client", err)
@@ -445,7 +449,7 @@ func (c *conn) response(f *inflight, frame []byte) ([]byte, error) {
 	if corr != f.corr {
 		return nil, fmt.Errorf("response correlation id %d, want %d (%s v%d)", corr, f.corr, apiName(f.key), f.version)
 	}
-	if f.produce != nil || (f.key == 1 && c.s.ic != nil && c.s.ic.chain.HasFetch()) || (f.key == 3 && c.s.ic != nil) {
+	if f.produce != nil || f.intercepted || (f.key == 1 && c.s.ic != nil && c.s.ic.chain.HasFetch()) || (f.key == 3 && c.s.ic != nil) {
 		return c.interceptResponse(f, frame, msg, hlen)
 	}
 	var body []byte

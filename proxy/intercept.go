@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -31,6 +32,22 @@ type interception struct {
 	mu     sync.Mutex
 	limits map[string]limitEntry
 	names  map[[16]byte]string
+	logged map[string]time.Time // last warning per topic/partition
+}
+
+// logEvery bounds how often the failure of one partition's fetch is logged.
+const logEvery = time.Minute
+
+// shouldLog reports whether a warning about topic/partition is due.
+func (ic *interception) shouldLog(topic string, partition int32) bool {
+	key := topic + "/" + strconv.Itoa(int(partition))
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if t, ok := ic.logged[key]; ok && time.Since(t) < logEvery {
+		return false
+	}
+	ic.logged[key] = time.Now()
+	return true
 }
 
 type limitEntry struct {
@@ -42,7 +59,7 @@ type limitEntry struct {
 // client. Errors: an unknown interceptor name or a bad interceptor config
 // (each names the interceptor), an admin client that cannot be made.
 func newInterception(cfg Config, upstreamTLS kgo.Opt) (*interception, error) {
-	ic := &interception{ttl: cfg.TopicConfigRefresh, limits: map[string]limitEntry{}, names: map[[16]byte]string{}}
+	ic := &interception{ttl: cfg.TopicConfigRefresh, limits: map[string]limitEntry{}, names: map[[16]byte]string{}, logged: map[string]time.Time{}}
 	if ic.ttl <= 0 {
 		ic.ttl = defaultTopicConfigTTL
 	}
@@ -98,6 +115,13 @@ func (ic *interception) maxMessageBytes(topic string) (int32, bool) {
 		}
 	}
 	return e.max, ok
+}
+
+// forgetLimit drops the cached max.message.bytes of topic.
+func (ic *interception) forgetLimit(topic string) {
+	ic.mu.Lock()
+	delete(ic.limits, topic)
+	ic.mu.Unlock()
 }
 
 // learnTopics records the topic ids of a Metadata response that passed
@@ -249,8 +273,24 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		if err := resp.ReadFrom(body); err != nil {
 			return nil, fmt.Errorf("decode Produce v%d response: %w", f.version, err)
 		}
-		f.produce.Merge(resp)
-		body, changed = resp.AppendTo(nil), true
+		// The broker refused a batch as too large although the proxy's
+		// check passed it: the cached max.message.bytes is stale (the
+		// topic's limit was lowered). Read it again next time.
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if p.ErrorCode == kerr.MessageTooLarge.Code {
+					name := t.Topic
+					if name == "" { // v13+: by id
+						name, _ = c.s.ic.topicName(t.TopicID)
+					}
+					c.s.ic.forgetLimit(name)
+				}
+			}
+		}
+		if f.produce != nil {
+			f.produce.Merge(resp)
+			body, changed = resp.AppendTo(nil), true
+		}
 	case 1:
 		resp := kmsg.NewPtrFetchResponse()
 		resp.SetVersion(f.version)
@@ -262,7 +302,15 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			c.log.Debug("fetch response cut to the consumer's limits after interceptors", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)
 		}
 		for _, p := range out.Failed {
-			c.log.Warn("fetch interceptor failed a partition", "topic", p.Topic, "partition", p.Partition, "error_code", p.ErrorCode, "partial", p.Partial, "err", p.Err)
+			topic := p.Topic
+			if topic == "" {
+				topic, _ = c.s.ic.topicName(p.TopicID)
+			}
+			// A consumer retries a failed partition at once: log it once
+			// per partition every logEvery, not on every fetch.
+			if c.s.ic.shouldLog(topic, p.Partition) {
+				c.log.Warn("fetch interceptor failed a partition; the consumer will retry it (logged once per minute)", "topic", topic, "partition", p.Partition, "error_code", p.ErrorCode, "partial", p.Partial, "err", p.Err)
+			}
 		}
 		if len(out.Failed) > 0 {
 			c.s.m.errors.WithLabelValues("interceptor_fetch").Add(float64(len(out.Failed)))
