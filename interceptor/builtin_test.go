@@ -399,3 +399,28 @@ func TestInterceptFetchLimitsSkipsWork(t *testing.T) {
 		t.Fatalf("records %v, want the first only", got)
 	}
 }
+
+// Found by review: a key twice in one object would leave one occurrence
+// unmasked for last-key-wins parsers; such values are refused.
+func TestRedactRefusesDuplicateKeys(t *testing.T) {
+	in, err := New(context.Background(), "redact", map[string]string{KeyTopicPattern: "t", KeyRedactFields: "user.email,cards.#.number"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{
+		`{"id":6,"user":{"email":"x","email":"leak2"}}`,
+		`{"id":7,"cards":[{"number":"1"},{"number":"leak3","number":"leak3b"}]}`,
+		`{"user":{"email":"x","em\u0061il":"leak"}}`,
+	} {
+		r := &Record{Topic: "t", Value: []byte(v)}
+		if err := in.Produce.ProcessRecord(context.Background(), r); !errors.Is(err, kerr.InvalidRecord) {
+			t.Errorf("%s: %v, want INVALID_RECORD", v, err)
+		}
+	}
+	for _, v := range []string{`{"user":{"email":"x"},"other":{"email":"y"}}`, `[{"a":1},{"a":2}]`, `{"a":{"b":1},"b":2}`} {
+		r := &Record{Topic: "t", Value: []byte(v)}
+		if err := in.Produce.ProcessRecord(context.Background(), r); err != nil {
+			t.Errorf("%s: %v, want it accepted", v, err)
+		}
+	}
+}

@@ -1,7 +1,9 @@
 package interceptor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -47,6 +49,11 @@ func newRedact(_ context.Context, config map[string]string) (Instance, error) {
 		if !gjson.ValidBytes(r.Value) {
 			return fmt.Errorf("%w: the value (%d bytes) is not valid JSON, so it cannot be redacted", kerr.InvalidRecord, len(r.Value))
 		}
+		// Found by review: with a key twice in one object, a path masks
+		// one occurrence while last-key-wins parsers read the other.
+		if k, dup := duplicateKey(r.Value); dup {
+			return fmt.Errorf("%w: the value has the key %q twice in one object, so it cannot be redacted safely", kerr.InvalidRecord, k)
+		}
 		v := r.Value
 		for _, f := range fields {
 			res := gjson.GetBytes(v, f)
@@ -71,4 +78,49 @@ func newRedact(_ context.Context, config map[string]string) (Instance, error) {
 		return nil
 	}
 	return instance("redact", config, "produce", fn, fn)
+}
+
+// duplicateKey reports the first key that appears twice in one JSON object
+// of b (keys compared after unescaping). b is assumed valid JSON.
+func duplicateKey(b []byte) (string, bool) {
+	type frame struct {
+		obj       bool
+		keys      map[string]struct{}
+		expectKey bool
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				if top != nil && top.obj {
+					top.expectKey = true // this container is the value of a key
+				}
+				stack = append(stack, &frame{obj: d == '{', keys: map[string]struct{}{}, expectKey: d == '{'})
+			default:
+				stack = stack[:len(stack)-1]
+			}
+			continue
+		}
+		if k, ok := tok.(string); ok && top != nil && top.obj && top.expectKey {
+			if _, dup := top.keys[k]; dup {
+				return k, true
+			}
+			top.keys[k] = struct{}{}
+			top.expectKey = false
+			continue
+		}
+		if top != nil && top.obj {
+			top.expectKey = true
+		}
+	}
 }
