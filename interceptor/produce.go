@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -67,14 +68,29 @@ type ProduceOutcome struct {
 // answer is sent (the producer expects none). The request's buffer must stay
 // unchanged until InterceptProduce returns: timed-out calls that are still
 // running only read it and their results are discarded.
+// maxParallelPartitions bounds how many partitions of one produce request
+// are intercepted at once.
+const maxParallelPartitions = 8
+
 func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(topic string) (maxMessageBytes int32, ok bool)) ProduceOutcome {
 	var out ProduceOutcome
 	if len(c.produce) == 0 {
 		out.Forward = len(req.Topics) > 0
 		return out
 	}
-	topics := req.Topics[:0]
-	for _, t := range req.Topics {
+	// Partitions are processed concurrently (at most maxParallelPartitions
+	// at a time), each within its own time budget: a request of many
+	// partitions takes about one budget, not one per partition. Found by
+	// review.
+	type result struct {
+		v any
+		f *failure
+	}
+	names := make([]string, len(req.Topics))
+	results := make([][]result, len(req.Topics))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxParallelPartitions)
+	for ti, t := range req.Topics {
 		name, ok := c.topicName(t.Topic, t.TopicID)
 		var ps []proc
 		var shrinkers []BatchShrinker
@@ -82,20 +98,39 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			ps, shrinkers = c.produceProcs(name)
 		}
 		if len(ps) == 0 {
-			topics = append(topics, t)
 			continue
 		}
+		names[ti] = name
 		var maxBytes int32
 		if limits != nil {
 			if m, ok := limits(name); ok && m > 0 {
 				maxBytes = m
 			}
 		}
+		results[ti] = make([]result, len(t.Partitions))
+		for pi, p := range t.Partitions {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				v, f := c.run(ctx, func(ctx context.Context, w *watch) (any, *failure) {
+					return c.producePartition(ctx, w, name, p.Partition, p.Records, ps, shrinkers, maxBytes)
+				})
+				results[ti][pi] = result{v, f}
+			}()
+		}
+	}
+	wg.Wait()
+	topics := req.Topics[:0]
+	for ti, t := range req.Topics {
+		if results[ti] == nil {
+			topics = append(topics, t)
+			continue
+		}
 		parts := t.Partitions[:0]
-		for _, p := range t.Partitions {
-			v, f := c.run(ctx, func(ctx context.Context, w *watch) (any, *failure) {
-				return c.producePartition(ctx, w, name, p.Partition, p.Records, ps, shrinkers, maxBytes)
-			})
+		for pi, p := range t.Partitions {
+			v, f := results[ti][pi].v, results[ti][pi].f
 			if f != nil {
 				out.Answered = append(out.Answered, ProducePartitionResult{Topic: t.Topic, TopicID: t.TopicID,
 					Partition: p.Partition, ErrorCode: f.code, ErrorMessage: f.msg, RecordErrors: f.records, Err: f.err})
