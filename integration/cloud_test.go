@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,38 +29,20 @@ import (
 func s3Setup(t *testing.T) (e *env, direct payloadstore.PayloadStore, fp *faultproxy.Proxy) {
 	t.Helper()
 	brokers(t)
-	raw := storetest.S3URL(t, "ferry-integration")
-	fp, err := faultproxy.New(os.Getenv("FERRY_S3_ENDPOINT"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fp.Close)
-	u, _ := url.Parse(raw)
-	q := u.Query()
-	q.Set("endpoint", fp.URL())
-	u.RawQuery = q.Encode()
+	raw, via, fp := storetest.S3URLViaFaultProxy(t, "ferry-integration")
 
 	cfg := largemessage.DefaultConfig()
-	cfg.StoreURL = u.String()
-	cfg.Codec.Type = ""
+	cfg.StoreURL = via
 	cfg.Policy.Timeout = 20 * time.Second
 	cfg.Policy.RetryBackoff = 10 * time.Millisecond
 	cfg.Policy.RetryMaxBackoff = 100 * time.Millisecond
-	store, err := cfg.OpenStore(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	direct, err = payloadstore.Open(context.Background(), raw, payloadstore.Options{})
+	e = envWith(t, cfg)
+	direct, err := payloadstore.Open(context.Background(), raw, payloadstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { direct.Close() })
-	prod, err := largemessage.NewProducer(client(t), store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{store: store, prod: prod, cfg: cfg}, direct, fp
+	return e, direct, fp
 }
 
 func endOffset(t *testing.T, topic string) int64 {

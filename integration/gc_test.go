@@ -29,17 +29,7 @@ func storeEnv(t testing.TB, storeURL string, opts ...kgo.Opt) *env {
 	cfg := largemessage.DefaultConfig()
 	cfg.StoreURL = storeURL
 	cfg.Threshold = gcThreshold
-	cfg.Codec.Type = ""
-	store, err := cfg.OpenStore(ctxT(t, time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
-	prod, err := largemessage.NewProducer(client(t, opts...), store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{store: store, prod: prod, cfg: cfg}
+	return envWith(t, cfg, opts...)
 }
 
 func fileStoreURL(t testing.TB) string { return "file://" + t.TempDir() }

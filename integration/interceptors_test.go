@@ -12,7 +12,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -602,19 +601,10 @@ func TestInterceptorsTimeout(t *testing.T) {
 // the store is back the same record goes through and reads back.
 func TestInterceptorsStoreOutage(t *testing.T) {
 	brokers(t)
-	raw := storetest.S3URL(t, "ferry-interceptors")
-	fp, err := faultproxy.New(os.Getenv("FERRY_S3_ENDPOINT"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fp.Close)
-	u, _ := url.Parse(raw)
-	q := u.Query()
-	q.Set("endpoint", fp.URL())
-	u.RawQuery = q.Encode()
+	_, storeVia, fp := storetest.S3URLViaFaultProxy(t, "ferry-interceptors")
 
 	topic := clientTopic(t, 1, nil)
-	via := interceptorProxy(t, 0, largeMessageSpec(topic, u.String(),
+	via := interceptorProxy(t, 0, largeMessageSpec(topic, storeVia,
 		largemessage.KeyStoreTimeout+"=2000", largemessage.KeyRetryCount+"=1",
 		largemessage.KeyRetryBackoff+"=10", largemessage.KeyRetryMaxBackoff+"=50"))
 	prod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.RecordRetries(1), kgo.ProducerBatchMaxBytes(8<<20),
@@ -623,7 +613,7 @@ func TestInterceptorsStoreOutage(t *testing.T) {
 	ctx := ctxT(t, time.Minute)
 
 	fp.Set(faultproxy.Down, -1)
-	err = prod.ProduceSync(ctx, &kgo.Record{Value: value}).FirstErr()
+	err := prod.ProduceSync(ctx, &kgo.Record{Value: value}).FirstErr()
 	if !errors.Is(err, kerr.KafkaStorageError) {
 		t.Fatalf("produce with the store down: %v, want KAFKA_STORAGE_ERROR", err)
 	}

@@ -84,6 +84,15 @@ func setup(t testing.TB, threshold int64, opts ...kgo.Opt) *env {
 	cfg := largemessage.DefaultConfig()
 	cfg.StoreURL = "file://" + dir
 	cfg.Threshold = threshold
+	e := envWith(t, cfg, opts...)
+	e.dir = dir
+	return e
+}
+
+// envWith opens cfg's store (closed at the end of the test) and a Producer
+// on a client with opts; the producer takes the client's codec.
+func envWith(t testing.TB, cfg largemessage.Config, opts ...kgo.Opt) *env {
+	t.Helper()
 	cfg.Codec.Type = "" // take the client's
 	store, err := cfg.OpenStore(context.Background())
 	if err != nil {
@@ -94,7 +103,7 @@ func setup(t testing.TB, threshold int64, opts ...kgo.Opt) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{store: store, dir: dir, prod: prod, cfg: cfg}
+	return &env{store: store, prod: prod, cfg: cfg}
 }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {
@@ -106,18 +115,7 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 // consumeRaw reads n records of topic from the start without resolving.
 func consumeRaw(t testing.TB, topic string, n int) []*kgo.Record {
 	t.Helper()
-	cl := client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(64<<20))
-	ctx := ctxT(t, 60*time.Second)
-	var out []*kgo.Record
-	for len(out) < n {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("consumed %d of %d records: %v", len(out), n, err)
-		}
-		fs.EachError(func(tp string, p int32, err error) { t.Fatalf("fetch %s/%d: %v", tp, p, err) })
-		out = append(out, fs.Records()...)
-	}
-	return out
+	return pollN(t, client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(64<<20)), n)
 }
 
 func produceOK(t testing.TB, e *env, recs ...*kgo.Record) {

@@ -31,17 +31,7 @@ import (
 // prefix reached through a fault proxy, and the proxy.
 func s3ViaProxy(t *testing.T) (direct, viaProxy string, fp *faultproxy.Proxy) {
 	t.Helper()
-	direct = s3URL(t, "ferry-faults")
-	fp, err := faultproxy.New(os.Getenv("FERRY_S3_ENDPOINT"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(fp.Close)
-	u, _ := url.Parse(direct)
-	q := u.Query()
-	q.Set("endpoint", fp.URL())
-	u.RawQuery = q.Encode()
-	return direct, u.String(), fp
+	return storetest.S3URLViaFaultProxy(t, "ferry-faults")
 }
 
 // fastPolicyFor is a retry policy with short backoffs so that fault tests

@@ -472,11 +472,17 @@ func (c *conn) response(f *inflight, frame []byte) ([]byte, error) {
 	default:
 		return frame, nil
 	}
-	out := make([]byte, 4, 4+hlen+len(body))
-	out = append(out, msg[:hlen]...)
+	return joinFrame(msg[:hlen], body), nil
+}
+
+// joinFrame encodes a frame: the size prefix, header (a request or
+// response header, kept as it came), then body.
+func joinFrame(header, body []byte) []byte {
+	out := make([]byte, 4, 4+len(header)+len(body))
+	out = append(out, header...)
 	out = append(out, body...)
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
-	return out, nil
+	return out
 }
 
 // discoverBrokers sends one Metadata request (no topics) on up and maps every

@@ -188,6 +188,7 @@ func decodeFetch(version int16, body []byte) (*kmsg.FetchRequest, error) {
 // requestFrame encodes a request frame: size, the client's own header bytes
 // (kept as sent: api key, version, correlation id, client id, tags), body.
 func requestFrame(header []byte, req kmsg.Request) []byte {
+	// Encoded in place after the header: a produce request may be large.
 	out := make([]byte, 4, 4+len(header)+256)
 	out = append(out, header...)
 	out = req.AppendTo(out)
@@ -197,15 +198,12 @@ func requestFrame(header []byte, req kmsg.Request) []byte {
 
 // responseFrame encodes a response frame the proxy answers itself.
 func responseFrame(key, version int16, corr int32, resp kmsg.Response) []byte {
-	out := make([]byte, 4, 256)
-	out = kbin.AppendInt32(out, corr)
+	header := kbin.AppendInt32(nil, corr)
 	if ResponseHeaderFlexible(key, version) {
-		out = append(out, 0) // no tagged fields
+		header = append(header, 0) // no tagged fields
 	}
 	resp.SetVersion(version)
-	out = resp.AppendTo(out)
-	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
-	return out
+	return joinFrame(header, resp.AppendTo(nil))
 }
 
 // interceptProduce runs the produce interceptors over a Produce request
@@ -322,9 +320,5 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 	if !changed {
 		return frame, nil
 	}
-	out := make([]byte, 4, 4+hlen+len(body))
-	out = append(out, msg[:hlen]...)
-	out = append(out, body...)
-	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
-	return out, nil
+	return joinFrame(msg[:hlen], body), nil
 }

@@ -24,6 +24,8 @@ import (
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/google/uuid"
 	"google.golang.org/api/option"
+
+	"github.com/ferrykit/ferry/internal/faultproxy"
 )
 
 // NeedEnv returns the value of each variable, skipping the test (failing it
@@ -80,6 +82,25 @@ func S3Client(t testing.TB) *s3.Client {
 		o.BaseEndpoint = aws.String(endpoint)
 		o.UsePathStyle = true
 	})
+}
+
+// S3URLViaFaultProxy is S3URL plus a fault proxy (internal/faultproxy) in
+// front of the test S3 server: it returns the store URL of a fresh prefix,
+// the same prefix reached through the proxy, and the proxy, closed at the
+// end of the test.
+func S3URLViaFaultProxy(t testing.TB, bucket string) (direct, via string, fp *faultproxy.Proxy) {
+	t.Helper()
+	direct = S3URL(t, bucket)
+	fp, err := faultproxy.New(os.Getenv("FERRY_S3_ENDPOINT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fp.Close)
+	u, _ := url.Parse(direct)
+	q := u.Query()
+	q.Set("endpoint", fp.URL())
+	u.RawQuery = q.Encode()
+	return direct, u.String(), fp
 }
 
 // GCSURL returns a gs:// store URL on the fake GCS server with a fresh
