@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go/logging"
+	"github.com/google/uuid"
 	gcaws "gocloud.dev/aws"
 	"gocloud.dev/blob"
 	"gocloud.dev/blob/azureblob"
@@ -116,7 +117,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		return fail(false, fmt.Errorf("%w: credentials in the URL are not accepted; use the cloud's standard credential chain", ErrInvalidConfig))
 	}
 	if prefix != "" {
-		if _, err := Root(u.Scheme + "://" + bucketName).Key(string(root) + "/x"); err != nil {
+		if err := checkRawKey(prefix); err != nil || len(prefix) > MaxSegmentBytes {
 			return fail(false, fmt.Errorf("%w: bad prefix %q", ErrInvalidConfig, prefix))
 		}
 	}
@@ -222,7 +223,7 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 }
 
 func (s *BlobStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {
-	key, err := s.root.Key(fullPath)
+	key, err := s.root.keyFor("download", fullPath)
 	if err != nil {
 		return nil, err
 	}
@@ -234,9 +235,8 @@ func (s *BlobStore) Download(ctx context.Context, fullPath string) (io.ReadClose
 }
 
 func (s *BlobStore) Delete(ctx context.Context, fullPath string) error {
-	key, err := s.root.Key(fullPath)
+	key, err := s.root.keyFor("delete", fullPath)
 	if err != nil {
-		err.(*Error).Op = "delete"
 		return err
 	}
 	if err := s.bucket.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
@@ -245,12 +245,16 @@ func (s *BlobStore) Delete(ctx context.Context, fullPath string) error {
 	return nil
 }
 
-// List implements Lister.
+// List implements Lister (ferry gc's own keys are left out).
 func (s *BlobStore) List(ctx context.Context, topic string, fn func(ObjectInfo) error) error {
 	prefix, err := TopicPrefix(topic)
 	if err != nil {
 		return err
 	}
+	return s.list(ctx, prefix, false, func(_ string, o ObjectInfo) error { return fn(o) })
+}
+
+func (s *BlobStore) list(ctx context.Context, prefix string, all bool, fn func(string, ObjectInfo) error) error {
 	it := s.bucket.List(&blob.ListOptions{Prefix: prefix})
 	for {
 		obj, err := it.Next(ctx)
@@ -263,13 +267,100 @@ func (s *BlobStore) List(ctx context.Context, topic string, fn func(ObjectInfo) 
 			}
 			return s.fail("list", s.root.Path(prefix), err)
 		}
-		if obj.IsDir {
+		if obj.IsDir || (!all && isGCKey(obj.Key)) {
 			continue
 		}
-		if err := fn(ObjectInfo{FullPath: s.root.Path(obj.Key), Size: obj.Size, ModTime: obj.ModTime}); err != nil {
+		oi := ObjectInfo{FullPath: s.root.Path(obj.Key), Size: obj.Size, ModTime: obj.ModTime,
+			Version: fmt.Sprintf("%x:%d", obj.MD5, obj.ModTime.UnixNano())}
+		if err := fn(obj.Key, oi); err != nil {
 			return err
 		}
 	}
+}
+
+// checkKey checks a raw key of an ObjectStore call.
+func (s *BlobStore) checkKey(op, key string) error {
+	if err := checkRawKey(key); err != nil {
+		return &Error{Op: op, Path: s.root.Path(key), Err: err}
+	}
+	return nil
+}
+
+// Stat implements ObjectStore.
+func (s *BlobStore) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	if err := s.checkKey("stat", key); err != nil {
+		return ObjectInfo{}, err
+	}
+	a, err := s.bucket.Attributes(ctx, key)
+	if err != nil {
+		return ObjectInfo{}, s.fail("stat", s.root.Path(key), err)
+	}
+	return ObjectInfo{FullPath: s.root.Path(key), Size: a.Size, ModTime: a.ModTime,
+		Version: fmt.Sprintf("%s:%d", a.ETag, a.ModTime.UnixNano())}, nil
+}
+
+// Copy implements ObjectStore with the cloud's server-side copy.
+func (s *BlobStore) Copy(ctx context.Context, src, dst string) error {
+	for _, k := range []string{src, dst} {
+		if err := s.checkKey("copy", k); err != nil {
+			return err
+		}
+	}
+	if err := s.bucket.Copy(ctx, dst, src, nil); err != nil {
+		return s.fail("copy", s.root.Path(src), err)
+	}
+	return nil
+}
+
+// Touch implements ObjectStore: GCS and Azure copy the object onto itself,
+// which gives it a new ModTime. S3 allows a copy onto itself only with new
+// metadata, and S3-compatible servers differ in whether that changes the
+// ModTime (Versity's does not), so for S3 the object is copied to a
+// temporary key in gc's folder and back (it stays readable throughout).
+func (s *BlobStore) Touch(ctx context.Context, key string) error {
+	if err := s.checkKey("touch", key); err != nil {
+		return err
+	}
+	if s.s3 == nil {
+		if err := s.bucket.Copy(ctx, key, key, nil); err != nil {
+			return s.fail("touch", s.root.Path(key), err)
+		}
+		return nil
+	}
+	kp, err := ParseKey(key)
+	if err != nil {
+		return &Error{Op: "touch", Path: s.root.Path(key), Err: err}
+	}
+	tmp := kp.Topic + "/" + gcFolder + "/touch/" + uuid.NewString()
+	if err := s.Copy(ctx, key, tmp); err != nil {
+		return err
+	}
+	defer s.Remove(context.WithoutCancel(ctx), tmp) //nolint:errcheck // a leftover is gc's to remove
+	return s.Copy(ctx, tmp, key)
+}
+
+// Move implements ObjectStore: a copy, then a delete of src.
+func (s *BlobStore) Move(ctx context.Context, src, dst string) error {
+	if err := s.Copy(ctx, src, dst); err != nil {
+		return err
+	}
+	return s.Remove(ctx, src)
+}
+
+// Remove implements ObjectStore.
+func (s *BlobStore) Remove(ctx context.Context, key string) error {
+	if err := s.checkKey("delete", key); err != nil {
+		return err
+	}
+	if err := s.bucket.Delete(ctx, key); err != nil && gcerrors.Code(err) != gcerrors.NotFound {
+		return s.fail("delete", s.root.Path(key), err)
+	}
+	return nil
+}
+
+// ListKeys implements ObjectStore.
+func (s *BlobStore) ListKeys(ctx context.Context, prefix string, fn func(string, ObjectInfo) error) error {
+	return s.list(ctx, prefix, true, fn)
 }
 
 // fail turns a gocloud.dev error into an *Error: NotFound wraps

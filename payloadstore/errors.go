@@ -10,8 +10,15 @@ var (
 	// (KIP-1159 PayloadNotFoundException), e.g. because a bucket TTL removed it.
 	ErrPayloadNotFound = errors.New("payload not found")
 	// ErrInvalidPath: a full path that does not lie inside the configured
-	// store (another scheme or bucket, an absolute path, "..", escapes).
+	// store (another scheme or bucket, an absolute path, "..", escapes), or
+	// whose key is not a payload key of docs/FORMAT.md §7 (another layout,
+	// a key over MaxKeyBytes, a segment over MaxSegmentBytes). Checked
+	// before any I/O; never retryable.
 	ErrInvalidPath = errors.New("payload path lies outside the configured payload store")
+	// ErrWrongTopic: a reference names an object of another topic than the
+	// record that carries it (references are bound to their topic:
+	// docs/SECURITY.md). It wraps ErrInvalidPath.
+	ErrWrongTopic = fmt.Errorf("%w: the reference names an object of another topic", ErrInvalidPath)
 	// ErrCustomMetadataTooLarge: the store returned more custom metadata than
 	// large.message.payload.store.custom.metadata.max.bytes allows (KIP-917);
 	// the uploaded object has been deleted.
@@ -44,7 +51,7 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	s := fmt.Sprintf("payload store %s %q: %v", e.Op, e.Path, e.Err)
+	s := fmt.Sprintf("payload store %s %s: %v", e.Op, Shorten(e.Path), e.Err)
 	if e.Retryable {
 		s += " (retryable)"
 	}

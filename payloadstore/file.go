@@ -12,6 +12,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/ferrykit/ferry/internal/ctxio"
 )
@@ -155,9 +158,8 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 }
 
 func (s *FileStore) file(fullPath, op string) (string, error) {
-	key, err := s.root.Key(fullPath)
+	key, err := s.root.keyFor(op, fullPath)
 	if err != nil {
-		err.(*Error).Op = op
 		return "", err
 	}
 	name := filepath.Join(s.dir, filepath.FromSlash(key))
@@ -213,32 +215,205 @@ func inside(dir, name string) bool {
 }
 
 // retryableFSError: local file-system errors that another attempt cannot
-// fix (permissions, read-only, a file where a folder should be) are fatal.
+// fix (permissions, read-only, a file where a folder should be, a name too
+// long, a symbolic-link loop, a file too large) are fatal.
 func retryableFSError(err error) bool {
-	return !errors.Is(err, fs.ErrPermission) && !errors.Is(err, syscall.ENOTDIR) &&
-		!errors.Is(err, syscall.EROFS) && !errors.Is(err, syscall.EISDIR)
+	for _, fatal := range []error{fs.ErrPermission, syscall.ENOTDIR, syscall.EROFS, syscall.EISDIR,
+		syscall.ENAMETOOLONG, syscall.ELOOP, syscall.EINVAL, syscall.EFBIG, syscall.EXDEV} {
+		if errors.Is(err, fatal) {
+			return false
+		}
+	}
+	return true
 }
 
 // List implements Lister: it walks DIR/<topic>, skipping temp files of
-// uploads in progress (".tmp-*") and anything that is not a regular file.
+// uploads in progress, ferry gc's own folder and anything that is not a
+// regular file.
 func (s *FileStore) List(ctx context.Context, topic string, fn func(ObjectInfo) error) error {
 	prefix, err := TopicPrefix(topic)
 	if err != nil {
 		return err
 	}
-	top := filepath.Join(s.dir, topic)
+	return s.walk(ctx, filepath.Join(s.dir, topic), prefix, false, func(_ string, o ObjectInfo) error { return fn(o) })
+}
+
+// name is the file of a raw key (ObjectStore), checked with checkRawKey.
+func (s *FileStore) name(op, key string) (string, error) {
+	if err := checkRawKey(key); err != nil {
+		return "", &Error{Op: op, Path: s.root.Path(key), Err: err}
+	}
+	return filepath.Join(s.dir, filepath.FromSlash(key)), nil
+}
+
+func (s *FileStore) opErr(op, key string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return &Error{Op: op, Path: s.root.Path(key), Err: ErrPayloadNotFound}
+	}
+	return &Error{Op: op, Path: s.root.Path(key), Retryable: retryableFSError(err), Err: err}
+}
+
+// Stat implements ObjectStore.
+func (s *FileStore) Stat(_ context.Context, key string) (ObjectInfo, error) {
+	name, err := s.name("stat", key)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	st, err := os.Lstat(name)
+	if err != nil {
+		return ObjectInfo{}, s.opErr("stat", key, err)
+	}
+	if !st.Mode().IsRegular() {
+		return ObjectInfo{}, &Error{Op: "stat", Path: s.root.Path(key), Err: fmt.Errorf("%w: not a regular file", ErrPayloadNotFound)}
+	}
+	return fileInfo(s.root.Path(key), st), nil
+}
+
+// fileInfo describes a stored file; Version is its inode and mtime, which
+// a rewrite (temp file renamed over it) or a touch changes.
+func fileInfo(full string, st fs.FileInfo) ObjectInfo {
+	oi := ObjectInfo{FullPath: full, Size: st.Size(), ModTime: st.ModTime()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		oi.Version = fmt.Sprintf("%d:%d", sys.Ino, st.ModTime().UnixNano())
+	} else {
+		oi.Version = fmt.Sprint(st.ModTime().UnixNano())
+	}
+	return oi
+}
+
+// Copy implements ObjectStore: a hard link (a second name for the same
+// bytes; deleting either name leaves the other) placed atomically, with its
+// ModTime set to now; a byte copy where links are not possible.
+func (s *FileStore) Copy(_ context.Context, src, dst string) error {
+	from, err := s.name("copy", src)
+	if err != nil {
+		return err
+	}
+	to, err := s.name("copy", dst)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return s.opErr("copy", dst, err)
+	}
+	tmp := filepath.Join(filepath.Dir(to), ".tmp-link-"+uuid.NewString())
+	if err := os.Link(from, tmp); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return s.opErr("copy", src, err)
+		}
+		if err := copyFile(from, tmp); err != nil {
+			os.Remove(tmp)
+			return s.opErr("copy", src, err)
+		}
+	}
+	if err := os.Rename(tmp, to); err != nil {
+		os.Remove(tmp)
+		return s.opErr("copy", dst, err)
+	}
+	now := time.Now()
+	if err := os.Chtimes(to, now, now); err != nil {
+		return s.opErr("copy", dst, err)
+	}
+	return nil
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, objectMode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Touch implements ObjectStore (the file's mtime becomes now).
+func (s *FileStore) Touch(_ context.Context, key string) error {
+	name, err := s.name("touch", key)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if err := os.Chtimes(name, now, now); err != nil {
+		return s.opErr("touch", key, err)
+	}
+	return nil
+}
+
+// Move implements ObjectStore with rename(2): atomic.
+func (s *FileStore) Move(_ context.Context, src, dst string) error {
+	from, err := s.name("move", src)
+	if err != nil {
+		return err
+	}
+	to, err := s.name("move", dst)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return s.opErr("move", dst, err)
+	}
+	if err := os.Rename(from, to); err != nil {
+		return s.opErr("move", src, err)
+	}
+	return nil
+}
+
+// Remove implements ObjectStore.
+func (s *FileStore) Remove(_ context.Context, key string) error {
+	name, err := s.name("delete", key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return s.opErr("delete", key, err)
+	}
+	_ = os.Remove(filepath.Dir(name)) // an emptied folder goes too (fails harmlessly otherwise)
+	return nil
+}
+
+// ListKeys implements ObjectStore: every regular file under prefix except
+// temp files of uploads in progress.
+func (s *FileStore) ListKeys(ctx context.Context, prefix string, fn func(string, ObjectInfo) error) error {
+	if err := checkRawKey(strings.TrimSuffix(prefix, "/")); err != nil {
+		return &Error{Op: "list", Path: s.root.Path(prefix), Err: err}
+	}
+	top := filepath.Join(s.dir, filepath.FromSlash(prefix))
+	return s.walk(ctx, top, prefix, true, fn)
+}
+
+// walk calls fn for the regular files below top (key prefix prefix),
+// skipping temp files and, unless all, dot folders (gc's own).
+func (s *FileStore) walk(ctx context.Context, top, prefix string, all bool, fn func(string, ObjectInfo) error) error {
 	var fnErr error
-	err = filepath.WalkDir(top, func(name string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(top, func(name string, d fs.DirEntry, err error) error {
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && name == top {
-				return nil
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // the top missing, or deleted meanwhile
 			}
 			return err
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return cerr
 		}
-		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".") {
+		if d.IsDir() {
+			if name != top && strings.HasPrefix(d.Name(), ".") && !all {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".tmp-") || (!all && strings.HasPrefix(d.Name(), ".")) {
 			return nil
 		}
 		info, err := d.Info()
@@ -252,7 +427,8 @@ func (s *FileStore) List(ctx context.Context, topic string, fn func(ObjectInfo) 
 		if err != nil {
 			return err
 		}
-		fnErr = fn(ObjectInfo{FullPath: s.root.Path(prefix + filepath.ToSlash(rel)), Size: info.Size(), ModTime: info.ModTime()})
+		key := prefix + filepath.ToSlash(rel)
+		fnErr = fn(key, fileInfo(s.root.Path(key), info))
 		return fnErr
 	})
 	if err != nil {

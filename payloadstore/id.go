@@ -46,16 +46,7 @@ func ParseIDGenerator(name string) (IDGenerator, error) {
 // large.message.payload.id.generator=sha256), so a failed produce must never
 // delete it.
 func IsContentID(fullPath string) bool {
-	id := fullPath[strings.LastIndexByte(fullPath, '/')+1:]
-	if len(id) != 64 {
-		return false
-	}
-	for _, c := range id {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return isHexDigest(fullPath[strings.LastIndexByte(fullPath, '/')+1:])
 }
 
 // digestReader hashes and counts what a store reads from a payload body, so

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferrykit/ferry/internal/ctxio"
@@ -84,13 +85,13 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
 	}
 	s.b.mu.Lock()
-	s.b.objects[key] = memObject{data: buf.Bytes(), mod: time.Now()}
+	s.b.objects[key] = memObject{data: buf.Bytes(), mod: time.Now(), version: memVersion.Add(1)}
 	s.b.mu.Unlock()
 	return PayloadResponse{FullPayloadPath: s.root.Path(key)}, nil
 }
 
 func (s *MemStore) Download(_ context.Context, fullPath string) (io.ReadCloser, error) {
-	key, err := s.root.Key(fullPath)
+	key, err := s.root.keyFor("download", fullPath)
 	if err != nil {
 		return nil, err
 	}
@@ -104,9 +105,8 @@ func (s *MemStore) Download(_ context.Context, fullPath string) (io.ReadCloser, 
 }
 
 func (s *MemStore) Delete(_ context.Context, fullPath string) error {
-	key, err := s.root.Key(fullPath)
+	key, err := s.root.keyFor("delete", fullPath)
 	if err != nil {
-		err.(*Error).Op = "delete"
 		return err
 	}
 	s.b.mu.Lock()
@@ -116,31 +116,128 @@ func (s *MemStore) Delete(_ context.Context, fullPath string) error {
 }
 
 type memObject struct {
-	data []byte
-	mod  time.Time
+	data    []byte
+	mod     time.Time
+	version int64
 }
 
-// List implements Lister.
+// List implements Lister (ferry gc's own keys are left out).
 func (s *MemStore) List(ctx context.Context, topic string, fn func(ObjectInfo) error) error {
 	prefix, err := TopicPrefix(topic)
 	if err != nil {
 		return err
 	}
+	return s.list(ctx, prefix, false, func(_ string, o ObjectInfo) error { return fn(o) })
+}
+
+func (s *MemStore) list(ctx context.Context, prefix string, all bool, fn func(string, ObjectInfo) error) error {
+	type found struct {
+		key string
+		o   ObjectInfo
+	}
+	var fs []found
 	s.b.mu.RLock()
-	var found []ObjectInfo
 	for key, o := range s.b.objects {
-		if strings.HasPrefix(key, prefix) {
-			found = append(found, ObjectInfo{FullPath: s.root.Path(key), Size: int64(len(o.data)), ModTime: o.mod})
+		if strings.HasPrefix(key, prefix) && (all || !isGCKey(key)) {
+			fs = append(fs, found{key, s.info(key, o)})
 		}
 	}
 	s.b.mu.RUnlock()
-	for _, o := range found {
+	for _, f := range fs {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := fn(o); err != nil {
+		if err := fn(f.key, f.o); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func (s *MemStore) info(key string, o memObject) ObjectInfo {
+	return ObjectInfo{FullPath: s.root.Path(key), Size: int64(len(o.data)), ModTime: o.mod, Version: fmt.Sprint(o.version)}
+}
+
+// memVersion numbers every write, copy and touch of a MemStore object.
+var memVersion atomic.Int64
+
+// Stat implements ObjectStore.
+func (s *MemStore) Stat(_ context.Context, key string) (ObjectInfo, error) {
+	if err := checkRawKey(key); err != nil {
+		return ObjectInfo{}, &Error{Op: "stat", Path: s.root.Path(key), Err: err}
+	}
+	s.b.mu.RLock()
+	o, ok := s.b.objects[key]
+	s.b.mu.RUnlock()
+	if !ok {
+		return ObjectInfo{}, &Error{Op: "stat", Path: s.root.Path(key), Err: ErrPayloadNotFound}
+	}
+	return s.info(key, o), nil
+}
+
+// edit applies f to the objects under the lock, after checking the keys.
+func (s *MemStore) edit(op string, f func(objs map[string]memObject) error, keys ...string) error {
+	for _, k := range keys {
+		if err := checkRawKey(k); err != nil {
+			return &Error{Op: op, Path: s.root.Path(k), Err: err}
+		}
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	return f(s.b.objects)
+}
+
+func (s *MemStore) missing(op, key string) error {
+	return &Error{Op: op, Path: s.root.Path(key), Err: ErrPayloadNotFound}
+}
+
+// Copy implements ObjectStore.
+func (s *MemStore) Copy(_ context.Context, src, dst string) error {
+	return s.edit("copy", func(objs map[string]memObject) error {
+		o, ok := objs[src]
+		if !ok {
+			return s.missing("copy", src)
+		}
+		objs[dst] = memObject{data: o.data, mod: time.Now(), version: memVersion.Add(1)}
+		return nil
+	}, src, dst)
+}
+
+// Touch implements ObjectStore.
+func (s *MemStore) Touch(_ context.Context, key string) error {
+	return s.edit("touch", func(objs map[string]memObject) error {
+		o, ok := objs[key]
+		if !ok {
+			return s.missing("touch", key)
+		}
+		o.mod, o.version = time.Now(), memVersion.Add(1)
+		objs[key] = o
+		return nil
+	}, key)
+}
+
+// Move implements ObjectStore (atomic).
+func (s *MemStore) Move(_ context.Context, src, dst string) error {
+	return s.edit("move", func(objs map[string]memObject) error {
+		o, ok := objs[src]
+		if !ok {
+			return s.missing("move", src)
+		}
+		objs[dst] = o
+		delete(objs, src)
+		return nil
+	}, src, dst)
+}
+
+// Remove implements ObjectStore.
+func (s *MemStore) Remove(_ context.Context, key string) error {
+	return s.edit("delete", func(objs map[string]memObject) error {
+		delete(objs, key)
+		return nil
+	}, key)
+}
+
+// ListKeys implements ObjectStore.
+func (s *MemStore) ListKeys(ctx context.Context, prefix string, fn func(string, ObjectInfo) error) error {
+	return s.list(ctx, prefix, true, fn)
 }

@@ -219,3 +219,60 @@ func attempts(n int) string {
 	}
 	return fmt.Sprintf("%d attempts", n)
 }
+
+// objects returns the wrapped store's ObjectStore.
+func (w *policyStore) objects() (ObjectStore, error) { return Objects(w.PayloadStore) }
+
+// do runs one ObjectStore call with the policy's retries and time bound.
+func (w *policyStore) do(ctx context.Context, op func(ctx context.Context, o ObjectStore) error) error {
+	o, err := w.objects()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := w.withTimeout(ctx)
+	defer cancel()
+	_, err = retry(ctx, w.p, func() (struct{}, error) { return struct{}{}, op(ctx, o) })
+	return err
+}
+
+// Root implements ObjectStore for a wrapped store ("" when it has none).
+func (w *policyStore) Root() Root {
+	if o, err := w.objects(); err == nil {
+		return o.Root()
+	}
+	return ""
+}
+
+func (w *policyStore) Stat(ctx context.Context, key string) (ObjectInfo, error) {
+	var oi ObjectInfo
+	err := w.do(ctx, func(ctx context.Context, o ObjectStore) (err error) {
+		oi, err = o.Stat(ctx, key)
+		return err
+	})
+	return oi, err
+}
+
+func (w *policyStore) Copy(ctx context.Context, src, dst string) error {
+	return w.do(ctx, func(ctx context.Context, o ObjectStore) error { return o.Copy(ctx, src, dst) })
+}
+
+func (w *policyStore) Touch(ctx context.Context, key string) error {
+	return w.do(ctx, func(ctx context.Context, o ObjectStore) error { return o.Touch(ctx, key) })
+}
+
+func (w *policyStore) Move(ctx context.Context, src, dst string) error {
+	return w.do(ctx, func(ctx context.Context, o ObjectStore) error { return o.Move(ctx, src, dst) })
+}
+
+func (w *policyStore) Remove(ctx context.Context, key string) error {
+	return w.do(ctx, func(ctx context.Context, o ObjectStore) error { return o.Remove(ctx, key) })
+}
+
+// ListKeys is not retried: fn may have seen part of the listing.
+func (w *policyStore) ListKeys(ctx context.Context, prefix string, fn func(string, ObjectInfo) error) error {
+	o, err := w.objects()
+	if err != nil {
+		return err
+	}
+	return o.ListKeys(ctx, prefix, fn)
+}

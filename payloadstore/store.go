@@ -141,8 +141,12 @@ type ObjectInfo struct {
 	FullPath string
 	// Size is the object's length in bytes.
 	Size int64
-	// ModTime is when the object was last written (the store's clock).
+	// ModTime is when the object was last written, copied or touched (the
+	// store's clock).
 	ModTime time.Time
+	// Version changes whenever the object is rewritten or touched (file:
+	// inode and mtime; cloud: ETag and ModTime); "" when unknown.
+	Version string
 }
 
 // Lister is implemented by stores that can enumerate the payloads of a topic;

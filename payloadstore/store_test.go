@@ -107,7 +107,7 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 	t.Run("DownloadMissing", func(t *testing.T) {
 		s := open(t)
 		root := rootOf(t, s)
-		_, err := s.Download(ctx, root+"/"+conformanceTopic+"/does-not-exist")
+		_, err := s.Download(ctx, root+"/"+objectKey(conformanceTopic, "does-not-exist"))
 		if !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 			t.Fatalf("Download of a missing object: %v, want ErrPayloadNotFound", err)
 		}
@@ -119,7 +119,7 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 			t.Errorf("not found is marked retryable: %v", err)
 		}
 		// A topic folder that does not exist is not found either.
-		if _, err := s.Download(ctx, root+"/no-such-topic/x"); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+		if _, err := s.Download(ctx, root+"/"+objectKey("no-such-topic", "x")); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 			t.Fatalf("Download from a missing topic: %v, want ErrPayloadNotFound", err)
 		}
 	})
@@ -144,7 +144,7 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 	t.Run("DeleteMissing", func(t *testing.T) {
 		s := open(t)
 		root := rootOf(t, s)
-		for _, p := range []string{root + "/" + conformanceTopic + "/never-written", root + "/no-such-topic/x"} {
+		for _, p := range []string{root + "/" + objectKey(conformanceTopic, "never-written"), root + "/" + objectKey("no-such-topic", "x")} {
 			if err := s.Delete(ctx, p); err != nil {
 				t.Errorf("Delete(%q) of a missing object: %v, want nil", p, err)
 			}
@@ -215,6 +215,130 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 			p.ID = id
 			if _, err := s.Publish(ctx, conformanceTopic, p); !errors.Is(err, payloadstore.ErrInvalidPath) {
 				t.Errorf("Publish with id %q: %v, want ErrInvalidPath", id, err)
+			}
+		}
+	})
+
+	// Paths longer than any store accepts are refused before any I/O, as
+	// ErrInvalidPath (never retryable), and the error quotes them shortened.
+	t.Run("OverlongPaths", func(t *testing.T) {
+		s := open(t)
+		root := rootOf(t, s)
+		long := strings.Repeat("x", 300)
+		for _, p := range []string{
+			root + "/" + objectKey(conformanceTopic, long),
+			root + "/" + objectKey(long[:250], "id"),
+			root + "/" + strings.Repeat("a/", 2500) + "x",
+		} {
+			rc, err := s.Download(ctx, p)
+			if rc != nil {
+				rc.Close()
+			}
+			if !errors.Is(err, payloadstore.ErrInvalidPath) || payloadstore.IsRetryable(err) {
+				t.Errorf("Download of a %d-byte path: %v, want ErrInvalidPath, not retryable", len(p), err)
+			}
+			if err != nil && len(err.Error()) > 600 {
+				t.Errorf("the error on a %d-byte path is %d bytes long: %.200s…", len(p), len(err.Error()), err)
+			}
+		}
+		p := payloadstore.BytesPayload([]byte("x"))
+		p.ID = long
+		if _, err := s.Publish(ctx, conformanceTopic, p); !errors.Is(err, payloadstore.ErrInvalidPath) || payloadstore.IsRetryable(err) {
+			t.Errorf("Publish with a 300-byte id: %v, want ErrInvalidPath, not retryable", err)
+		}
+	})
+
+	// The key-level operations of ObjectStore (copy, touch, move, remove,
+	// stat, list) that the reference rules and ferry gc use.
+	t.Run("ObjectStore", func(t *testing.T) {
+		s := open(t)
+		ops, err := payloadstore.Objects(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := []byte("object-store ops")
+		resp, err := payloadstore.PublishBytes(ctx, s, conformanceTopic, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, kp, err := ops.Root().KeyOf(resp.FullPayloadPath)
+		if err != nil || kp.Topic != conformanceTopic {
+			t.Fatalf("KeyOf(%q) = %q %+v, %v", resp.FullPayloadPath, src, kp, err)
+		}
+		before, err := ops.Stat(ctx, src)
+		if err != nil || before.Size != int64(len(body)) || before.Version == "" {
+			t.Fatalf("Stat: %+v, %v", before, err)
+		}
+		time.Sleep(1100 * time.Millisecond) // cloud ModTimes have one-second steps
+		if err := ops.Touch(ctx, src); err != nil {
+			t.Fatalf("Touch: %v", err)
+		}
+		after, err := ops.Stat(ctx, src)
+		if err != nil || !after.ModTime.After(before.ModTime) || after.Version == before.Version {
+			t.Fatalf("after Touch: %+v (before %+v), %v", after, before, err)
+		}
+		if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("after Touch the object reads %q, %v", got, err)
+		}
+		// CopyToTopic: another topic gets its own object; the same topic a touch.
+		other := conformanceTopic + "-copy"
+		copied, err := payloadstore.CopyToTopic(ctx, s, resp.FullPayloadPath, other)
+		if err != nil {
+			t.Fatalf("CopyToTopic: %v", err)
+		}
+		if _, ckp, err := ops.Root().KeyOf(copied); err != nil || ckp.Topic != other || ckp.ID == kp.ID {
+			t.Fatalf("copy at %q (%+v), %v: want a fresh id under topic %s", copied, ckp, err, other)
+		}
+		if same, err := payloadstore.CopyToTopic(ctx, s, resp.FullPayloadPath, conformanceTopic); err != nil || same != resp.FullPayloadPath {
+			t.Fatalf("CopyToTopic to its own topic = %q, %v; want the same path", same, err)
+		}
+		if err := s.Delete(ctx, resp.FullPayloadPath); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := payloadstore.DownloadBytes(ctx, s, copied); err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("the copy after the source was deleted reads %q, %v", got, err)
+		}
+		// Move into gc's folder: the topic's List no longer shows it;
+		// ListKeys does; moving back restores it.
+		copiedKey, _ := ops.Root().Key(copied)
+		gcp, err := payloadstore.GCPrefix(other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := gcp + "q/" + copiedKey
+		if err := ops.Move(ctx, copiedKey, q); err != nil {
+			t.Fatalf("Move: %v", err)
+		}
+		if _, err := ops.Stat(ctx, copiedKey); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+			t.Fatalf("Stat after Move: %v, want ErrPayloadNotFound", err)
+		}
+		if err := payloadstore.List(ctx, s, other, func(o payloadstore.ObjectInfo) error {
+			return fmt.Errorf("List shows %q, which lies in gc's folder", o.FullPath)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		if err := ops.ListKeys(ctx, gcp, func(k string, _ payloadstore.ObjectInfo) error { keys = append(keys, k); return nil }); err != nil || len(keys) != 1 || keys[0] != q {
+			t.Fatalf("ListKeys(%q) = %v, %v; want [%s]", gcp, keys, err, q)
+		}
+		if err := ops.Move(ctx, q, copiedKey); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := payloadstore.DownloadBytes(ctx, s, copied); err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("moved back, the object reads %q, %v", got, err)
+		}
+		if err := ops.Remove(ctx, copiedKey); err != nil {
+			t.Fatal(err)
+		}
+		if err := ops.Remove(ctx, copiedKey); err != nil {
+			t.Fatalf("Remove of a missing object: %v", err)
+		}
+		if err := ops.Copy(ctx, copiedKey, q); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+			t.Fatalf("Copy of a missing object: %v, want ErrPayloadNotFound", err)
+		}
+		for _, bad := range []string{"", "../x", "a//b", "/abs", strings.Repeat("y", 300)} {
+			if err := ops.Touch(ctx, bad); !errors.Is(err, payloadstore.ErrInvalidPath) {
+				t.Errorf("Touch(%q): %v, want ErrInvalidPath", bad, err)
 			}
 		}
 	})
@@ -310,7 +434,7 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 			t.Fatal("Publish of a body shorter than Size succeeded")
 		}
 		root := rootOf(t, s)
-		if _, err := s.Download(ctx, root+"/"+conformanceTopic+"/short-body"); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+		if _, err := s.Download(ctx, root+"/"+objectKey(conformanceTopic, "short-body")); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 			t.Fatalf("an object exists after a failed publish: %v", err)
 		}
 	})
@@ -324,7 +448,7 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 			t.Fatal("Publish of a body longer than Size succeeded")
 		}
 		root := rootOf(t, s)
-		if _, err := s.Download(ctx, root+"/"+conformanceTopic+"/long-body"); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+		if _, err := s.Download(ctx, root+"/"+objectKey(conformanceTopic, "long-body")); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 			t.Fatalf("an object exists after a failed publish: %v", err)
 		}
 	})
@@ -623,7 +747,7 @@ func TestFileStoreFailedBodyLeavesNothing(t *testing.T) {
 	if left := dirEntries(t, dir); len(left) != 0 {
 		t.Fatalf("a failed publish left files behind: %v", left)
 	}
-	if _, err := s.Download(ctx, string(s.Root())+"/orders/would-be"); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+	if _, err := s.Download(ctx, string(s.Root())+"/"+objectKey("orders", "would-be")); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 		t.Fatalf("Download of the would-be path: %v, want ErrPayloadNotFound", err)
 	}
 
