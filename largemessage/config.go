@@ -3,6 +3,7 @@ package largemessage
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -25,6 +26,16 @@ const (
 	KeySkipNotFound        = "large.message.skip.not.found.error"
 	KeyPartSize            = "large.message.payload.store.part.size.bytes"
 	KeyUploadConcurrency   = "large.message.payload.store.upload.concurrency"
+	// KeyReferenceCopyTopics: a produced record may carry a reference into
+	// the topics this pattern matches (a regular expression matching whole
+	// topic names); Ferry copies the object into the record's own topic.
+	// Library default ".*"; the proxy's default is none (its clients are
+	// untrusted). docs/SECURITY.md.
+	KeyReferenceCopyTopics = "large.message.reference.copy.topics"
+	// KeyReferenceResolveTopics: a consumed record may reference objects of
+	// the topics this pattern matches besides its own (data mirrored under
+	// another topic name without Ferry). Default: none.
+	KeyReferenceResolveTopics = "large.message.reference.resolve.topics"
 	KeyMaxBlock            = "max.block.ms"
 	KeyMaxPollInterval     = "max.poll.interval.ms"
 	KeyCompressionType     = "compression.type"
@@ -35,7 +46,8 @@ const (
 // Keys returns the large.message.* configuration keys Ferry knows.
 func Keys() []string {
 	return []string{KeyCustomMetadataMax, KeyIDGenerator, KeyPartSize, KeyRetryBackoff, KeyRetryCount,
-		KeyRetryMaxBackoff, KeyStoreTimeout, KeyUploadConcurrency, KeyStoreURL, KeySkipNotFound, KeyThreshold}
+		KeyRetryMaxBackoff, KeyStoreTimeout, KeyUploadConcurrency, KeyStoreURL, KeySkipNotFound, KeyThreshold,
+		KeyReferenceCopyTopics, KeyReferenceResolveTopics}
 }
 
 // Config is the large-message Serializer/Deserializer configuration.
@@ -69,6 +81,30 @@ type Config struct {
 	// MaxBlock (max.block.ms) and MaxPollInterval (max.poll.interval.ms)
 	// bound Policy.Timeout, as KIP-1159 requires.
 	MaxBlock, MaxPollInterval time.Duration
+	// CopyTopics (large.message.reference.copy.topics) matches the topics
+	// whose objects a produced record may reference: the Serializer copies
+	// such an object into the record's topic. nil: none (a reference into
+	// another topic is refused with ErrWrongTopic). Default: every topic.
+	CopyTopics *regexp.Regexp
+	// ResolveTopics (large.message.reference.resolve.topics) matches the
+	// topics whose objects a consumed record may reference besides its
+	// own. nil (the default): none.
+	ResolveTopics *regexp.Regexp
+}
+
+// TopicPattern compiles a pattern of large.message.reference.*.topics (or
+// an interceptor's topic.pattern): a regular expression that must match a
+// whole topic name, as Java's Pattern.matches() does. "" gives nil (no
+// topic).
+func TopicPattern(key, p string) (*regexp.Regexp, error) {
+	if strings.TrimSpace(p) == "" {
+		return nil, nil
+	}
+	re, err := regexp.Compile(`^(?:` + p + `)$`)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %q is not a regular expression: %w", key, p, err)
+	}
+	return re, nil
 }
 
 // DefaultConfig is the configuration with every key at its default.
@@ -78,6 +114,7 @@ func DefaultConfig() Config {
 	return Config{
 		KeySerializers: ser, ValueSerializers: ser, KeyDeserializers: de, ValueDeserializers: de,
 		IDGenerator:     payloadstore.IDUUID{},
+		CopyTopics:      regexp.MustCompile(`^(?:.*)$`),
 		Policy:          payloadstore.DefaultPolicy,
 		MaxBlock:        defaultMaxBlock,
 		MaxPollInterval: defaultMaxPollInterval,
@@ -149,6 +186,16 @@ func ParseConfig(props map[string]string) (Config, error) {
 			return c, fmt.Errorf("%s: %w", ch.key, err)
 		}
 	}
+	for _, k := range []struct {
+		key string
+		dst **regexp.Regexp
+	}{{KeyReferenceCopyTopics, &c.CopyTopics}, {KeyReferenceResolveTopics, &c.ResolveTopics}} {
+		if v, ok := props[k.key]; ok {
+			if *k.dst, err = TopicPattern(k.key, v); err != nil {
+				return c, err
+			}
+		}
+	}
 	if c.IDGenerator, err = payloadstore.ParseIDGenerator(strings.TrimSpace(props[KeyIDGenerator])); err != nil {
 		return c, err
 	}
@@ -173,6 +220,13 @@ func (c Config) Validate() error {
 			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxPollInterval, c.MaxPollInterval.Milliseconds())
 	}
 	return nil
+}
+
+// NewDeserializer returns a Deserializer over store with c's
+// large.message.skip.not.found.error and
+// large.message.reference.resolve.topics.
+func (c Config) NewDeserializer(store payloadstore.PayloadStore) *Deserializer {
+	return NewDeserializer(store, c.SkipNotFound).WithResolveTopics(c.ResolveTopics)
 }
 
 // OpenStore opens c.StoreURL with c's id generator and wraps it with c's

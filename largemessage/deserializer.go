@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"regexp"
 
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -46,7 +47,7 @@ func (e *RecordError) Error() string {
 	// The store's own error names the path already; say it once.
 	var se *payloadstore.Error
 	if e.Path != "" && !(errors.As(e.Err, &se) && se.Path == e.Path) {
-		s += fmt.Sprintf(" reference %q", e.Path)
+		s += " reference " + payloadstore.Shorten(e.Path)
 	}
 	s += ": " + e.Err.Error()
 	if e.Skipped {
@@ -62,12 +63,26 @@ func (e *RecordError) Unwrap() error { return e.Err }
 type Deserializer struct {
 	store        payloadstore.PayloadStore
 	skipNotFound bool
+	otherTopics  *regexp.Regexp // other topics whose objects may be read
 }
 
 // NewDeserializer returns a Deserializer that downloads from store;
 // skipNotFound is large.message.skip.not.found.error.
+//
+// A reference is resolved only when its object lies under the record's own
+// topic in the store (docs/FORMAT.md §7), so that a record of one topic
+// cannot make a consumer read another topic's payload; WithResolveTopics
+// allows more topics.
 func NewDeserializer(store payloadstore.PayloadStore, skipNotFound bool) *Deserializer {
 	return &Deserializer{store: store, skipNotFound: skipNotFound}
+}
+
+// WithResolveTopics lets records reference objects of the topics re
+// matches besides their own (large.message.reference.resolve.topics; nil:
+// none) and returns d.
+func (d *Deserializer) WithResolveTopics(re *regexp.Regexp) *Deserializer {
+	d.otherTopics = re
+	return d
 }
 
 // Resolve replaces rec's referenced key and value by their payloads and
@@ -169,22 +184,35 @@ func (d *Deserializer) open(ctx context.Context, rec *kgo.Record, sd side, refBy
 	if err != nil {
 		return nil, 0, d.recordErr(rec, sd, "", err)
 	}
+	kp, err := payloadstore.PathKey(ref.FullPayloadPath)
+	if err == nil && kp.Topic != rec.Topic && (d.otherTopics == nil || !d.otherTopics.MatchString(kp.Topic)) {
+		err = fmt.Errorf("%w: %s, the record is in topic %s (%s allows other topics)", payloadstore.ErrWrongTopic, kp.Topic, rec.Topic, KeyReferenceResolveTopics)
+	}
+	if err != nil {
+		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, d.classHint(err, ref))
+	}
 	size, sum, ok, err := expected(rec.Headers, sd)
 	if err != nil {
 		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, err)
 	}
 	rc, err := d.store.Download(ctx, ref.FullPayloadPath)
 	if err != nil {
-		if errors.Is(err, payloadstore.ErrInvalidPath) && ref.PayloadStoreClass != d.store.Class() {
-			err = fmt.Errorf("%w (written by payload store class %q, this consumer uses %q)", err, ref.PayloadStoreClass, d.store.Class())
-		}
-		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, err)
+		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, d.classHint(err, ref))
 	}
 	if !ok {
 		return rc, -1, nil
 	}
 	return &verifier{rc: rc, r: io.LimitReader(rc, size+1), h: sha256.New(), size: size, sum: sum, path: ref.FullPayloadPath,
 		fail: func(err error) error { return d.recordErr(rec, sd, ref.FullPayloadPath, err) }}, size, nil
+}
+
+// classHint adds to a path error the store class that wrote the reference
+// when it is not this consumer's.
+func (d *Deserializer) classHint(err error, ref PayloadReferenceValue) error {
+	if errors.Is(err, payloadstore.ErrInvalidPath) && ref.PayloadStoreClass != d.store.Class() {
+		return fmt.Errorf("%w (written by payload store class %s, this consumer uses %q)", err, payloadstore.Shorten(ref.PayloadStoreClass), d.store.Class())
+	}
+	return err
 }
 
 func (d *Deserializer) recordErr(rec *kgo.Record, sd side, path string, err error) error {

@@ -36,7 +36,7 @@ type PayloadReferenceValue struct {
 
 // ErrCorruptReference: a record marked large-message whose value is not a
 // valid version-0 PayloadReferenceValue.
-var ErrCorruptReference = errors.New("corrupt PayloadReferenceValue")
+var ErrCorruptReference = errors.New("the value is not a PayloadReferenceValue")
 
 // AppendTo appends the version-0 encoding of r to dst. It fails when a field
 // is longer than a Kafka STRING allows (32767 bytes) or is not UTF-8, or when
@@ -70,7 +70,7 @@ func DecodeReference(b []byte) (PayloadReferenceValue, error) {
 		return PayloadReferenceValue{}, fmt.Errorf("%w: %d bytes, too short for a version", ErrCorruptReference, len(b))
 	}
 	if v != ReferenceVersion {
-		return PayloadReferenceValue{}, fmt.Errorf("%w: version %d, this Ferry reads only version %d", ErrCorruptReference, v, ReferenceVersion)
+		return PayloadReferenceValue{}, fmt.Errorf("%w: %d bytes starting %s, not a version-%d reference", ErrCorruptReference, len(b), start(b), ReferenceVersion)
 	}
 	var r PayloadReferenceValue
 	for _, f := range [...]struct {
@@ -92,4 +92,12 @@ func DecodeReference(b []byte) (PayloadReferenceValue, error) {
 		return PayloadReferenceValue{}, fmt.Errorf("%w: empty fullPayloadPath", ErrCorruptReference)
 	}
 	return r, nil
+}
+
+// start quotes the first bytes of b for an error message.
+func start(b []byte) string {
+	if len(b) > 16 {
+		return fmt.Sprintf("%q…", b[:16])
+	}
+	return fmt.Sprintf("%q", b)
 }

@@ -215,21 +215,42 @@ func (c Codec) Fits(l Limits, key, value []byte, headers []kgo.RecordHeader) (bo
 	if brokerRecompresses(l.TopicCompression, c) {
 		return recompressedBound(l.TopicCompression, u) <= l.Threshold, nil
 	}
+	if l.TopicCompression == c.Type && c.Type != "none" && c.Type != "" {
+		// The topic's compression.type is the client's codec: the broker
+		// keeps a batch franz-go compressed, but franz-go sends the
+		// records uncompressed when compression does not shrink them,
+		// and the broker then compresses them itself.
+		if recompressedBound(l.TopicCompression, u) <= l.Threshold {
+			return true, nil
+		}
+		n, err := c.compressedRecordLen(key, value, headers, u, l.Threshold)
+		if err != nil || n < 0 {
+			return false, err
+		}
+		return n < u && n <= l.Threshold, nil
+	}
 	if u <= l.Threshold {
 		return true, nil
 	}
 	if c.Type == "none" || c.Type == "" {
 		return false, nil
 	}
-	rec := appendRecord(make([]byte, 0, u), key, value, headers)
-	n, err := c.CompressedLen(rec, l.Threshold)
-	if errors.Is(err, errOver) {
-		return false, nil
-	}
-	if err != nil {
+	n, err := c.compressedRecordLen(key, value, headers, u, l.Threshold)
+	if err != nil || n < 0 {
 		return false, err
 	}
 	return n <= l.Threshold, nil
+}
+
+// compressedRecordLen is the length of the record (u bytes uncompressed)
+// compressed with c, or -1 once it is known to pass limit.
+func (c Codec) compressedRecordLen(key, value []byte, headers []kgo.RecordHeader, u, limit int64) (int64, error) {
+	rec := appendRecord(make([]byte, 0, u), key, value, headers)
+	n, err := c.CompressedLen(rec, limit)
+	if errors.Is(err, errOver) {
+		return -1, nil
+	}
+	return n, err
 }
 
 func appendRecord(dst, key, value []byte, headers []kgo.RecordHeader) []byte {
@@ -318,4 +339,21 @@ func (c Codec) checkAgainstClient(comp kgo.Compressor) error {
 		return fmt.Errorf("the client's compression differs from compression.type=%s (level %d): %d vs %d bytes on a sample; configure the client with largemessage.Codec.KgoCodec()", c.Type, c.Level, want, got)
 	}
 	return nil
+}
+
+// describe names the limit that sets l.Threshold and the setting that
+// raises it, for error messages.
+func (l Limits) describe() string {
+	topic := l.MaxMessageBytes - BatchOverhead
+	client := int64(-1)
+	if l.ClientBatchMaxBytes > 0 {
+		client = l.ClientBatchMaxBytes - clientBatchOverhead
+	}
+	switch {
+	case l.Threshold < topic && (client < 0 || l.Threshold < client):
+		return fmt.Sprintf("set by %s", KeyThreshold)
+	case client >= 0 && client < topic:
+		return fmt.Sprintf("set by the client's batch cap of %d bytes: raise max.request.size (franz-go ProducerBatchMaxBytes)", l.ClientBatchMaxBytes)
+	}
+	return fmt.Sprintf("set by the topic's max.message.bytes of %d bytes: raise it on the topic", l.MaxMessageBytes)
 }

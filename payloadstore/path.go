@@ -40,8 +40,8 @@ func (r Root) keyFor(op, fullPath string) (string, error) {
 	if !ok {
 		return "", &Error{Op: op, Path: fullPath, Err: fmt.Errorf("%w: not under the store root %s", ErrInvalidPath, r)}
 	}
-	if _, err := ParseKey(rest); err != nil {
-		return "", &Error{Op: op, Path: fullPath, Err: err}
+	if _, why := parseKey(rest); why != "" {
+		return "", &Error{Op: op, Path: fullPath, Err: fmt.Errorf("%w: %s", ErrInvalidPath, why)}
 	}
 	return rest, nil
 }
@@ -68,27 +68,34 @@ type KeyParts struct {
 // NUL and not "." or "..", and the key is at most MaxKeyBytes. Errors wrap
 // ErrInvalidPath and quote the key shortened.
 func ParseKey(key string) (KeyParts, error) {
-	bad := func(why string) (KeyParts, error) {
+	kp, why := parseKey(key)
+	if why != "" {
 		return KeyParts{}, fmt.Errorf("%w: object key %s: %s", ErrInvalidPath, Shorten(key), why)
 	}
+	return kp, nil
+}
+
+// parseKey is ParseKey returning why the key is refused ("" when it is not),
+// so callers that quote the path already do not quote the key again.
+func parseKey(key string) (KeyParts, string) {
 	if len(key) > MaxKeyBytes {
-		return bad(fmt.Sprintf("%d bytes, more than %d", len(key), MaxKeyBytes))
+		return KeyParts{}, fmt.Sprintf("%d bytes, more than %d", len(key), MaxKeyBytes)
 	}
 	topic, rest, ok1 := strings.Cut(key, "/")
 	shard, id, ok2 := strings.Cut(rest, "/")
 	if !ok1 || !ok2 {
-		return bad("want <topic>/<shard>/<id>")
+		return KeyParts{}, "not <topic>/<shard>/<id>"
 	}
 	if err := checkTopicName(topic); err != nil {
-		return bad(err.Error())
+		return KeyParts{}, "the topic " + err.Error()
 	}
 	if err := checkID(id); err != nil {
-		return bad(err.Error())
+		return KeyParts{}, "the id " + err.Error()
 	}
 	if want := shardOf(id); shard != want {
-		return bad(fmt.Sprintf("shard %q does not match the id (want %s)", Shorten(shard), want))
+		return KeyParts{}, fmt.Sprintf("the shard does not match the id (want %s)", want)
 	}
-	return KeyParts{Topic: topic, Shard: shard, ID: id}, nil
+	return KeyParts{Topic: topic, Shard: shard, ID: id}, ""
 }
 
 // shardOf is the shard segment of id: the first byte of SHA-256(id) in hex.
@@ -184,4 +191,27 @@ func Shorten(s string) string {
 		return fmt.Sprintf("%q", s)
 	}
 	return fmt.Sprintf("%q…(%d bytes)…%q", s[:head], len(s)-head-tail, s[len(s)-tail:])
+}
+
+// PathKey returns the parts of the payload key a full path ends with (its
+// last three segments), without knowing the store's root: what a
+// reference says about the topic its object belongs to. Errors wrap
+// ErrInvalidPath. The store checks the root itself when it opens the path.
+func PathKey(fullPath string) (KeyParts, error) {
+	if len(fullPath) > 2*MaxKeyBytes {
+		return KeyParts{}, fmt.Errorf("%w: a path of %d bytes", ErrInvalidPath, len(fullPath))
+	}
+	i := len(fullPath)
+	for range 3 {
+		j := strings.LastIndexByte(fullPath[:i], '/')
+		if j < 0 {
+			return KeyParts{}, fmt.Errorf("%w: the path does not end in <topic>/<shard>/<id>", ErrInvalidPath)
+		}
+		i = j
+	}
+	kp, why := parseKey(fullPath[i+1:])
+	if why != "" {
+		return KeyParts{}, fmt.Errorf("%w: %s", ErrInvalidPath, why)
+	}
+	return kp, nil
 }

@@ -1,0 +1,302 @@
+package largemessage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/serde"
+)
+
+// Producer wraps a franz-go client: each record is offloaded as needed
+// before it is handed to the client. It is an explicit wrapper rather than a
+// kgo hook because a hook can neither return an error nor take a context.
+//
+// Sizing invariant (KIP-126): a record the Producer lets through inline
+// never fails with MESSAGE_TOO_LARGE. Each record is sized exactly against
+// its topic's limits (Serializer.Offload), and so is each batch franz-go
+// builds: where the client's batch cap (ProducerBatchMaxBytes) is larger
+// than the topic accepts, the Producer bounds the bytes of the topic's
+// records in flight so that no batch of records that each fit can exceed
+// max.message.bytes. Should the broker still answer MESSAGE_TOO_LARGE (the
+// topic's limit was lowered since it was read), the Producer forgets the
+// topic's cached limits, offloads the record and produces it once more.
+type Producer struct {
+	cl        *kgo.Client
+	ser       *Serializer
+	threshold int64
+	keySer    *serde.Chain
+	valueSer  *serde.Chain
+	configs   *TopicConfigs
+
+	mu    sync.Mutex
+	gates map[string]*gate
+}
+
+// gate bounds the batch bytes of one topic's records in flight (buffered
+// in the client or awaiting the broker's answer).
+type gate struct {
+	sem      *semaphore.Weighted
+	capacity int64
+	limits   Limits
+}
+
+// NewProducer returns a Producer over cl. cfg gives the store (opened with
+// cfg.OpenStore by the caller and passed as store), the threshold and the
+// codec. When cfg.Codec.Type is empty the codec is taken from the client's
+// ProducerBatchCompression; when it is set it must be the client's (checked
+// on a sample, since exact sizing needs it). Errors: a codec mismatch.
+func NewProducer(cl *kgo.Client, store payloadstore.PayloadStore, cfg Config) (*Producer, error) {
+	codec, err := clientCodec(cl, cfg.Codec)
+	if err != nil {
+		return nil, err
+	}
+	ser := NewSerializer(store, codec).WithCopyTopics(cfg.CopyTopics)
+	d := DefaultConfig()
+	p := &Producer{cl: cl, ser: ser, threshold: cfg.Threshold, keySer: cfg.KeySerializers, valueSer: cfg.ValueSerializers,
+		configs: NewTopicConfigs(cl, 0), gates: map[string]*gate{}}
+	if p.keySer == nil {
+		p.keySer = d.KeySerializers
+	}
+	if p.valueSer == nil {
+		p.valueSer = d.ValueSerializers
+	}
+	ser.noKey, ser.noValue = !p.keySer.LargeMessage(), !p.valueSer.LargeMessage()
+	return p, nil
+}
+
+// clientCodec finds the Codec matching cl's compressor.
+func clientCodec(cl *kgo.Client, want Codec) (Codec, error) {
+	codecs, _ := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec)
+	comp, err := kgo.DefaultCompressor(append([]kgo.CompressionCodec(nil), codecs...)...)
+	if err != nil {
+		return Codec{}, err
+	}
+	if want.Type != "" && !(want.Type == "none" && comp == nil) {
+		return want, want.checkAgainstClient(comp)
+	}
+	if comp == nil {
+		return Codec{Type: "none"}, nil
+	}
+	for _, t := range []string{"snappy", "lz4", "zstd", "gzip", "none"} {
+		c := Codec{Type: t}
+		if c.checkAgainstClient(comp) == nil {
+			return c, nil
+		}
+	}
+	return Codec{}, errors.New("cannot tell the client's compression codec and level: set compression.type (and compression.<codec>.level) to match kgo.ProducerBatchCompression")
+}
+
+// Serializer returns the producer's serializer.
+func (p *Producer) Serializer() *Serializer { return p.ser }
+
+// Client returns the wrapped client.
+func (p *Producer) Client() *kgo.Client { return p.cl }
+
+// Limits returns the limits in force for topic: its max.message.bytes and
+// compression.type read from the cluster (DescribeConfigs, cached for five
+// minutes; the broker's message.max.bytes if the topic does not exist yet;
+// Kafka's default, with a warning, when the cluster cannot be asked), the
+// client's batch cap for it, and the threshold.
+func (p *Producer) Limits(ctx context.Context, topic string) Limits {
+	tc, err := p.configs.Get(ctx, topic)
+	if err != nil {
+		slog.Warn("could not read max.message.bytes; assuming Kafka's default", "topic", topic, "bytes", DefaultMaxMessageBytes, "err", err)
+		tc = TopicConfig{MaxMessageBytes: DefaultMaxMessageBytes}
+	}
+	l := DeriveLimits(p.threshold, tc.MaxMessageBytes, clientBatchMax(p.cl, topic))
+	l.TopicCompression = tc.Compression
+	return l
+}
+
+// clientBatchMax is franz-go's uncompressed batch cap for topic.
+func clientBatchMax(cl *kgo.Client, topic string) int64 {
+	limit := int64(0)
+	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
+		limit = int64(fn(topic))
+	}
+	if w, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && w > 0 {
+		// franz-go keeps a batch under the request size cap too; 512 bytes
+		// covers the request header, client and transactional ids up to
+		// the client's own lengths, and the topic name.
+		reqCap := int64(w) - 512 - int64(len(topic))
+		if limit == 0 || reqCap < limit {
+			limit = reqCap
+		}
+	}
+	return limit
+}
+
+// Prepare offloads rec as needed for its topic's limits; rec can then be
+// produced with the wrapped client as usual. (Produce and ProduceSync also
+// keep batches within the topic's limits; a record produced with the
+// client directly gets no such guard.)
+func (p *Producer) Prepare(ctx context.Context, rec *kgo.Record) (Offloaded, error) {
+	return p.ser.Offload(ctx, rec, p.Limits(ctx, rec.Topic))
+}
+
+// ProduceSync prepares each record and produces them, waiting for the
+// acknowledgements. A record that cannot be prepared is not produced, and
+// its error comes back in the result; the others are produced. results[i]
+// is recs[i]'s, as with kgo.Client.ProduceSync.
+func (p *Producer) ProduceSync(ctx context.Context, recs ...*kgo.Record) kgo.ProduceResults {
+	results := make(kgo.ProduceResults, len(recs))
+	var wg sync.WaitGroup
+	wg.Add(len(recs))
+	for i, r := range recs {
+		p.Produce(ctx, r, func(r *kgo.Record, err error) {
+			results[i] = kgo.ProduceResult{Record: r, Err: err}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	return results
+}
+
+// ProduceValue serializes key and value with the key.serializers and
+// value.serializers chains, then prepares and produces the record, waiting
+// for the acknowledgement. Errors: a stage's, Prepare's, or the broker's.
+func (p *Producer) ProduceValue(ctx context.Context, topic string, key, value any, headers ...kgo.RecordHeader) (*kgo.Record, error) {
+	rec := &kgo.Record{Topic: topic, Headers: headers}
+	var err error
+	if key != nil {
+		if rec.Key, err = p.keySer.Serialize(ctx, topic, key); err != nil {
+			return nil, fmt.Errorf("key.serializers %s: %w", p.keySer, err)
+		}
+	}
+	if value != nil {
+		if rec.Value, err = p.valueSer.Serialize(ctx, topic, value); err != nil {
+			return nil, fmt.Errorf("value.serializers %s: %w", p.valueSer, err)
+		}
+	}
+	return rec, p.ProduceSync(ctx, rec).FirstErr()
+}
+
+// Produce prepares rec and produces it asynchronously; promise gets the
+// preparation error or the broker's answer. It may block (until ctx ends)
+// while the topic's bytes in flight are at their bound (see Producer).
+// A record the broker refuses as too large is offloaded and produced once
+// more, after the records produced meanwhile.
+func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
+	if promise == nil {
+		promise = func(*kgo.Record, error) {}
+	}
+	l := p.Limits(ctx, rec.Topic)
+	if _, err := p.ser.Offload(ctx, rec, l); err != nil {
+		promise(rec, err)
+		return
+	}
+	p.send(ctx, rec, l, func(r *kgo.Record, err error) {
+		if !errors.Is(err, kerr.MessageTooLarge) {
+			promise(r, err)
+			return
+		}
+		// Not on franz-go's callback goroutine: offloading does store I/O.
+		go p.retryTooLarge(ctx, r, promise)
+	})
+}
+
+// send produces rec through the topic's gate.
+func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, promise func(*kgo.Record, error)) {
+	release, err := p.acquire(ctx, rec, l)
+	if err != nil {
+		promise(rec, err)
+		return
+	}
+	p.cl.Produce(ctx, rec, func(r *kgo.Record, err error) {
+		release()
+		promise(r, err)
+	})
+}
+
+// retryTooLarge handles a MESSAGE_TOO_LARGE answer: the topic's limits are
+// read again, the record offloaded (its value, then its key, whatever their
+// size) and produced once more. An error that remains names the topic and
+// the limit.
+func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
+	p.configs.Forget(rec.Topic)
+	l := p.Limits(ctx, rec.Topic)
+	if err := p.ser.offloadAll(ctx, rec, l); err != nil {
+		promise(rec, fmt.Errorf("topic %s: the broker refused the record as too large and offloading it failed: %w", rec.Topic, err))
+		return
+	}
+	p.send(ctx, rec, l, func(r *kgo.Record, err error) {
+		if errors.Is(err, kerr.MessageTooLarge) {
+			err = fmt.Errorf("topic %s: %w twice, the second time with the record offloaded (%d bytes; limits now: threshold %d, %s)",
+				r.Topic, err, RecordLen(r.Key, r.Value, r.Headers), l.Threshold, l.describe())
+		}
+		promise(r, err)
+	})
+}
+
+// acquire takes rec's batch bytes from its topic's gate, if the topic
+// needs one, and returns the release.
+func (p *Producer) acquire(ctx context.Context, rec *kgo.Record, l Limits) (func(), error) {
+	g := p.gate(rec.Topic, l)
+	if g == nil {
+		return func() {}, nil
+	}
+	n := min(RecordLen(rec.Key, rec.Value, rec.Headers)+maxDeltaBytes, g.capacity)
+	if err := g.sem.Acquire(ctx, n); err != nil {
+		return nil, err
+	}
+	return func() { g.sem.Release(n) }, nil
+}
+
+// maxDeltaBytes is what a record inside a batch may take beyond RecordLen
+// (which counts zero timestamp and offset deltas): up to 9 more bytes of
+// timestamp delta and 4 of offset delta.
+const maxDeltaBytes = 13
+
+// gate returns topic's gate for limits l, or nil when franz-go's own batch
+// cap already keeps every batch within l.
+func (p *Producer) gate(topic string, l Limits) *gate {
+	capacity := l.batchCapacity(p.ser.codec)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g := p.gates[topic]
+	if g != nil && g.limits == l {
+		return g
+	}
+	if l.ClientBatchMaxBytes > 0 && l.ClientBatchMaxBytes-clientBatchOverhead <= capacity {
+		delete(p.gates, topic)
+		return nil
+	}
+	if g == nil {
+		slog.Warn("the client's batch cap is larger than the topic accepts: Ferry bounds the bytes in flight to one batch, which slows producing; set ProducerBatchMaxBytes (max.request.size) to at most the topic's max.message.bytes",
+			"topic", topic, "max.message.bytes", l.MaxMessageBytes, "client batch cap", l.ClientBatchMaxBytes)
+	}
+	g = &gate{sem: semaphore.NewWeighted(capacity), capacity: capacity, limits: l}
+	p.gates[topic] = g
+	return g
+}
+
+// batchCapacity is the most record bytes (uncompressed, as franz-go counts
+// them) one batch of the topic may hold so that the broker stores it within
+// max.message.bytes: compressed batches are smaller than that (franz-go
+// sends the records uncompressed otherwise), except where the broker
+// compresses them itself, which a worst-case bound of its codec covers.
+func (l Limits) batchCapacity(c Codec) int64 {
+	room := l.MaxMessageBytes - BatchOverhead
+	t := l.TopicCompression
+	if !brokerRecompresses(t, c) && !(t == c.Type && c.Type != "none" && c.Type != "") {
+		return room
+	}
+	lo, hi := int64(0), room
+	for lo < hi { // the largest n with recompressedBound(t, n) <= room
+		mid := (lo + hi + 1) / 2
+		if recompressedBound(t, mid) <= room {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return max(lo, 1)
+}

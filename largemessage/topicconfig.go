@@ -1,0 +1,263 @@
+package largemessage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TopicConfig is what Ferry reads of a topic's configuration for exact
+// sizing.
+type TopicConfig struct {
+	// MaxMessageBytes is the topic's max.message.bytes, or the broker's
+	// message.max.bytes for a topic that does not exist (yet): the limit
+	// an auto-created topic gets.
+	MaxMessageBytes int64
+	// Compression is the topic's compression.type ("producer", "gzip",
+	// …), or the broker's for a topic that does not exist.
+	Compression string
+	// Exists is false when the cluster answered UNKNOWN_TOPIC_OR_PARTITION.
+	Exists bool
+}
+
+// Defaults of a TopicConfigs cache.
+const (
+	DefaultTopicConfigTTL        = 5 * time.Minute  // how long a topic's config is trusted
+	DefaultUnknownTopicConfigTTL = 5 * time.Second  // how long "no such topic" is trusted
+	topicConfigTimeout           = 10 * time.Second // one DescribeConfigs round, for all topics asked at once
+)
+
+// TopicConfigs reads topic configurations from the cluster (DescribeConfigs)
+// and caches them: known topics for a TTL, unknown topics for a few
+// seconds. Concurrent lookups of one topic share one request, and the
+// topics of one GetAll go in one request. Forget drops a topic, e.g. when
+// the broker answered MESSAGE_TOO_LARGE for a record sized with a limit
+// that has since been lowered. It is safe for concurrent use.
+type TopicConfigs struct {
+	cl      *kgo.Client
+	ttl     time.Duration
+	unknown time.Duration
+
+	mu       sync.Mutex
+	m        map[string]cachedConfig
+	inflight map[string]*configCall
+	broker   cachedConfig // the broker's message.max.bytes and compression.type
+}
+
+type cachedConfig struct {
+	c  TopicConfig
+	at time.Time
+}
+
+type configCall struct {
+	done chan struct{}
+	c    TopicConfig
+	err  error
+}
+
+// NewTopicConfigs returns a cache that asks the cluster through cl (any
+// client of the cluster: it issues admin requests only) and trusts a
+// topic's configuration for ttl (0: DefaultTopicConfigTTL).
+func NewTopicConfigs(cl *kgo.Client, ttl time.Duration) *TopicConfigs {
+	if ttl <= 0 {
+		ttl = DefaultTopicConfigTTL
+	}
+	return &TopicConfigs{cl: cl, ttl: ttl, unknown: DefaultUnknownTopicConfigTTL,
+		m: map[string]cachedConfig{}, inflight: map[string]*configCall{}}
+}
+
+// Forget drops topic's cached configuration: the next lookup asks the
+// cluster.
+func (t *TopicConfigs) Forget(topic string) {
+	t.mu.Lock()
+	delete(t.m, topic)
+	t.mu.Unlock()
+}
+
+// Get returns topic's configuration. Errors: the cluster could not be asked
+// and nothing is cached (a stale entry is returned rather than an error).
+func (t *TopicConfigs) Get(ctx context.Context, topic string) (TopicConfig, error) {
+	r := t.GetAll(ctx, []string{topic})
+	return r[topic].Config, r[topic].Err
+}
+
+// TopicConfigResult is one topic's answer of GetAll.
+type TopicConfigResult struct {
+	Config TopicConfig
+	Err    error
+}
+
+// GetAll returns the configurations of topics, asking the cluster once for
+// all that are not cached or being asked for already.
+func (t *TopicConfigs) GetAll(ctx context.Context, topics []string) map[string]TopicConfigResult {
+	out := make(map[string]TopicConfigResult, len(topics))
+	var ask []string
+	var own *configBatch
+	wait := map[string]*configCall{}
+	now := time.Now()
+	t.mu.Lock()
+	for _, topic := range topics {
+		if _, seen := out[topic]; seen {
+			continue
+		}
+		if e, ok := t.m[topic]; ok && now.Sub(e.at) < t.ttlOf(e.c) {
+			out[topic] = TopicConfigResult{Config: e.c}
+			continue
+		}
+		if call, ok := t.inflight[topic]; ok {
+			wait[topic] = call
+			continue
+		}
+		if own == nil {
+			own = &configBatch{calls: map[string]*configCall{}}
+		}
+		call := &configCall{done: make(chan struct{})}
+		t.inflight[topic] = call
+		own.calls[topic] = call
+		ask = append(ask, topic)
+		out[topic] = TopicConfigResult{} // placeholder, filled below
+	}
+	t.mu.Unlock()
+	if own != nil {
+		t.describe(ctx, ask, own)
+		for topic, call := range own.calls {
+			out[topic] = TopicConfigResult{Config: call.c, Err: call.err}
+		}
+	}
+	for topic, call := range wait {
+		select {
+		case <-call.done:
+			out[topic] = TopicConfigResult{Config: call.c, Err: call.err}
+		case <-ctx.Done():
+			out[topic] = TopicConfigResult{Err: ctx.Err()}
+		}
+	}
+	return out
+}
+
+func (t *TopicConfigs) ttlOf(c TopicConfig) time.Duration {
+	if c.Exists {
+		return t.ttl
+	}
+	return t.unknown
+}
+
+type configBatch struct{ calls map[string]*configCall }
+
+// describe asks the cluster for topics and completes their calls; on
+// failure a stale cached entry is used where there is one.
+func (t *TopicConfigs) describe(ctx context.Context, topics []string, b *configBatch) {
+	ctx, cancel := context.WithTimeout(ctx, topicConfigTimeout)
+	defer cancel()
+	adm := kadm.NewClient(t.cl)
+	rcs, err := adm.DescribeTopicConfigs(ctx, topics...)
+	results := map[string]TopicConfigResult{}
+	var needBroker bool
+	if err == nil {
+		for _, topic := range topics {
+			rc, rerr := rcs.On(topic, nil)
+			switch {
+			case rerr != nil:
+				results[topic] = TopicConfigResult{Err: rerr}
+			case errors.Is(rc.Err, kerr.UnknownTopicOrPartition):
+				needBroker = true
+				results[topic] = TopicConfigResult{}
+			case rc.Err != nil:
+				results[topic] = TopicConfigResult{Err: rc.Err}
+			default:
+				c := TopicConfig{Exists: true, Compression: configValue(rc.Configs, "compression.type")}
+				c.MaxMessageBytes, rerr = strconv.ParseInt(configValue(rc.Configs, "max.message.bytes"), 10, 64)
+				if rerr != nil {
+					results[topic] = TopicConfigResult{Err: fmt.Errorf("topic %s: max.message.bytes not read: %w", topic, rerr)}
+					continue
+				}
+				results[topic] = TopicConfigResult{Config: c}
+			}
+		}
+	}
+	var brokerErr error
+	if needBroker {
+		var bc TopicConfig
+		bc, brokerErr = t.brokerConfig(ctx, adm)
+		for topic, r := range results {
+			if r.Err == nil && !r.Config.Exists {
+				results[topic] = TopicConfigResult{Config: bc, Err: brokerErr}
+			}
+		}
+	}
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for topic, call := range b.calls {
+		r, ok := results[topic]
+		if !ok {
+			r = TopicConfigResult{Err: err}
+		}
+		if r.Err != nil {
+			if e, ok := t.m[topic]; ok { // stale beats nothing
+				r = TopicConfigResult{Config: e.c}
+			} else {
+				r.Err = fmt.Errorf("reading the configuration of topic %s: %w", topic, r.Err)
+			}
+		} else {
+			t.m[topic] = cachedConfig{c: r.Config, at: now}
+		}
+		call.c, call.err = r.Config, r.Err
+		delete(t.inflight, topic)
+		close(call.done)
+	}
+}
+
+// brokerConfig returns the broker's message.max.bytes and compression.type
+// (cached for the TTL), the limits of a topic that does not exist yet.
+func (t *TopicConfigs) brokerConfig(ctx context.Context, adm *kadm.Client) (TopicConfig, error) {
+	t.mu.Lock()
+	b := t.broker
+	t.mu.Unlock()
+	if !b.at.IsZero() && time.Since(b.at) < t.ttl {
+		return b.c, nil
+	}
+	// With no broker ids, DescribeBrokerConfigs returns only dynamic
+	// cluster-wide configs; ask one broker for its effective value.
+	md, err := adm.BrokerMetadata(ctx)
+	if err != nil {
+		return TopicConfig{}, err
+	}
+	if len(md.Brokers) == 0 {
+		return TopicConfig{}, errors.New("the cluster named no broker")
+	}
+	rcs, err := adm.DescribeBrokerConfigs(ctx, md.Brokers[0].NodeID)
+	if err != nil {
+		return TopicConfig{}, err
+	}
+	var c TopicConfig
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			return TopicConfig{}, rc.Err
+		}
+		c.Compression = configValue(rc.Configs, "compression.type")
+		if c.MaxMessageBytes, err = strconv.ParseInt(configValue(rc.Configs, "message.max.bytes"), 10, 64); err != nil {
+			return TopicConfig{}, fmt.Errorf("the broker's message.max.bytes not read: %w", err)
+		}
+	}
+	t.mu.Lock()
+	t.broker = cachedConfig{c: c, at: time.Now()}
+	t.mu.Unlock()
+	return c, nil
+}
+
+func configValue(cs []kadm.Config, key string) string {
+	for _, c := range cs {
+		if c.Key == key && c.Value != nil {
+			return *c.Value
+		}
+	}
+	return ""
+}
