@@ -15,17 +15,17 @@ import (
 // Config keys. The large.message.* names follow KIP-1159 (and its early
 // revision for the store's retry settings) and KIP-917.
 const (
-	KeyThreshold           = "large.message.threshold.bytes"
-	KeyStoreURL            = "large.message.payload.store.url"
-	KeyIDGenerator         = "large.message.payload.id.generator"
-	KeyStoreTimeout        = "large.message.payload.store.timeout.ms"
-	KeyRetryCount          = "large.message.payload.store.retry.count"
-	KeyRetryBackoff        = "large.message.payload.store.retry.backoff.ms"
-	KeyRetryMaxBackoff     = "large.message.payload.store.retry.max.backoff.ms"
-	KeyCustomMetadataMax   = "large.message.payload.store.custom.metadata.max.bytes"
-	KeySkipNotFound        = "large.message.skip.not.found.error"
-	KeyPartSize            = "large.message.payload.store.part.size.bytes"
-	KeyUploadConcurrency   = "large.message.payload.store.upload.concurrency"
+	KeyThreshold         = "large.message.threshold.bytes"
+	KeyStoreURL          = "large.message.payload.store.url"
+	KeyIDGenerator       = "large.message.payload.id.generator"
+	KeyStoreTimeout      = "large.message.payload.store.timeout.ms"
+	KeyRetryCount        = "large.message.payload.store.retry.count"
+	KeyRetryBackoff      = "large.message.payload.store.retry.backoff.ms"
+	KeyRetryMaxBackoff   = "large.message.payload.store.retry.max.backoff.ms"
+	KeyCustomMetadataMax = "large.message.payload.store.custom.metadata.max.bytes"
+	KeySkipNotFound      = "large.message.skip.not.found.error"
+	KeyPartSize          = "large.message.payload.store.part.size.bytes"
+	KeyUploadConcurrency = "large.message.payload.store.upload.concurrency"
 	// KeyReferenceCopyTopics: a produced record may carry a reference into
 	// the topics this pattern matches (a regular expression matching whole
 	// topic names); Ferry copies the object into the record's own topic.
@@ -36,11 +36,11 @@ const (
 	// the topics this pattern matches besides its own (data mirrored under
 	// another topic name without Ferry). Default: none.
 	KeyReferenceResolveTopics = "large.message.reference.resolve.topics"
-	KeyMaxBlock            = "max.block.ms"
-	KeyMaxPollInterval     = "max.poll.interval.ms"
-	KeyCompressionType     = "compression.type"
-	defaultMaxBlock        = 60 * time.Second
-	defaultMaxPollInterval = 300 * time.Second
+	KeyMaxBlock               = "max.block.ms"
+	KeyMaxPollInterval        = "max.poll.interval.ms"
+	KeyCompressionType        = "compression.type"
+	defaultMaxBlock           = 60 * time.Second
+	defaultMaxPollInterval    = 300 * time.Second
 )
 
 // Keys returns the large.message.* configuration keys Ferry knows.
