@@ -63,6 +63,10 @@ type Offloaded struct {
 // (a tombstone) is never offloaded; a key is offloaded under its content id,
 // so equal keys keep equal bytes in Kafka (partitioning, compaction).
 //
+// The decision is made before anything is published (PlanOffload): a record
+// that cannot fit even with key and value offloaded fails with
+// ErrRecordTooLarge and leaves nothing in the store.
+//
 // A record that arrives already carrying Ferry's headers (re-produced from a
 // consumed record: a dead-letter or retry topic, a mirror) is adopted first
 // (see Adopt): a side whose bytes are not a reference loses the stale headers
@@ -70,44 +74,285 @@ type Offloaded struct {
 //
 // Errors: a store failure (an *payloadstore.Error, after the policy's
 // retries), ErrRecordTooLarge, Adopt's errors, or ctx's error. On error rec
-// may have its value replaced but must not be produced; objects already
-// published stay in the store until its TTL or `ferry gc` removes them
-// (KIP-1159, "Partial Failure Handling").
+// may have its value replaced but must not be produced; the objects this
+// call published are deleted again, except those named by content id, which
+// other records may share.
 func (s *Serializer) Offload(ctx context.Context, rec *kgo.Record, l Limits) (Offloaded, error) {
-	var did Offloaded
+	p, err := s.PlanOffload(ctx, rec, l)
+	if err != nil || p == nil {
+		return Offloaded{}, err
+	}
+	return p.Did, p.commitChecked(ctx, l)
+}
+
+// Plan is a record whose offload is decided but not yet published: the
+// record already holds the references its payloads will have (their ids are
+// fixed, so the references are exact). Commit publishes the payloads.
+type Plan struct {
+	s     *Serializer
+	rec   *kgo.Record
+	sides []sidePlan
+	// Did says which sides the plan offloads and how many payload bytes
+	// Commit publishes.
+	Did Offloaded
+	// published are the full paths Commit wrote, for Abort.
+	published []string
+}
+
+// sidePlan is one side to publish: its payload with a fixed id, and the
+// full path the reference names.
+type sidePlan struct {
+	sd   side
+	p    payloadstore.Payload
+	path string
+}
+
+// PlanOffload decides, without publishing, which sides of rec to offload so
+// that it fits l (see Offload) and rewrites rec with the references they
+// will have. It returns nil when rec fits as it is (after Adopt). Errors:
+// ErrRecordTooLarge (nothing published), Adopt's errors, ErrNoPayloadStore.
+func (s *Serializer) PlanOffload(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
+	return s.plan(ctx, rec, l, false)
+}
+
+// PlanValue is PlanOffload offloading rec's value whatever its size (then
+// its key, if the record still does not fit); it returns nil when the value
+// cannot be offloaded (null, already a reference, or no large-message
+// stage). It is how the proxy makes a batch of records that each fit
+// smaller, and how the Producer recovers a record the broker refused.
+func (s *Serializer) PlanValue(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
+	return s.plan(ctx, rec, l, true)
+}
+
+func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force bool) (*Plan, error) {
 	keyRef, valueRef, err := s.Adopt(ctx, rec)
 	if err != nil {
-		return did, err
+		return nil, err
 	}
-	for range 2 {
-		fits, err := s.codec.Fits(l, rec.Key, rec.Value, rec.Headers)
-		if err != nil || fits {
-			return did, err
-		}
-		canValue := !valueRef && !did.Value && !s.noValue && rec.Value != nil
-		canKey := !keyRef && !did.Key && !s.noKey && rec.Key != nil
-		switch {
-		case canValue && (len(rec.Value) >= len(rec.Key) || !canKey):
-			err = s.offloadSide(ctx, rec, valueSide, payloadstore.BytesPayload(rec.Value), &did)
-		case canKey:
-			p := payloadstore.BytesPayload(rec.Key)
-			p.ID = p.HexSHA256()
-			err = s.offloadSide(ctx, rec, keySide, p, &did)
-		default:
-			return did, s.tooLarge(rec, l)
-		}
-		if err != nil {
-			return did, err
+	canValue := !valueRef && !s.noValue && rec.Value != nil
+	canKey := !keyRef && !s.noKey && rec.Key != nil
+	if force && !canValue {
+		return nil, nil
+	}
+	if !force {
+		if fits, err := s.codec.Fits(l, rec.Key, rec.Value, rec.Headers); err != nil || fits {
+			return nil, err
 		}
 	}
-	if fits, err := s.codec.Fits(l, rec.Key, rec.Value, rec.Headers); err != nil || !fits {
-		if err == nil {
-			err = s.tooLarge(rec, l)
-		}
-		return did, err
+	// The orders to try: the larger side first, then both.
+	var orders [][]side
+	switch {
+	case canValue && (force || len(rec.Value) >= len(rec.Key) || !canKey):
+		orders = [][]side{{valueSide}, {valueSide, keySide}}
+	case canKey:
+		orders = [][]side{{keySide}, {keySide, valueSide}}
 	}
-	return did, nil
+	if s.store != nil && s.root() == "" {
+		return s.publishFirst(ctx, rec, l, orders)
+	}
+	var last *kgo.Record
+	for _, order := range orders {
+		var sps []sidePlan
+		for _, sd := range order {
+			if sd == keySide && !canKey || sd == valueSide && !canValue {
+				continue
+			}
+			sp, err := s.planSide(rec, sd)
+			if err != nil {
+				return nil, err
+			}
+			sps = append(sps, sp)
+		}
+		predicted := cloneRecord(rec)
+		for _, sp := range sps {
+			if err := sp.apply(predicted, sp.path, nil, s.storeClass()); err != nil {
+				return nil, err
+			}
+		}
+		last = predicted
+		if fits, err := s.codec.Fits(l, predicted.Key, predicted.Value, predicted.Headers); err != nil {
+			return nil, err
+		} else if fits {
+			p := &Plan{s: s, rec: rec, sides: sps}
+			for _, sp := range sps {
+				p.markDid(sp)
+			}
+			rec.Key, rec.Value, rec.Headers = predicted.Key, predicted.Value, predicted.Headers
+			return p, nil
+		}
+	}
+	if last == nil {
+		last = rec
+	}
+	return nil, s.tooLarge(last, l)
 }
+
+// publishFirst is plan for a store whose paths cannot be predicted: each
+// side of the last (fullest) order is published and measured in turn, and the plan
+// comes back committed. Such a store may keep objects of a record that then
+// does not fit (they are deleted unless named by content id).
+func (s *Serializer) publishFirst(ctx context.Context, rec *kgo.Record, l Limits, orders [][]side) (*Plan, error) {
+	p := &Plan{s: s, rec: rec}
+	if len(orders) == 0 {
+		return nil, s.tooLarge(rec, l)
+	}
+	for _, sd := range orders[len(orders)-1] {
+		b := rec.Value
+		if sd == keySide {
+			b = rec.Key
+		}
+		if b == nil || sd == keySide && s.noKey || sd == valueSide && s.noValue || marked(rec.Headers, sd.marker) {
+			continue
+		}
+		sp, err := s.planSide(rec, sd)
+		if err != nil {
+			return nil, err
+		}
+		p.sides = []sidePlan{sp}
+		if _, err := p.Commit(ctx); err != nil {
+			return nil, err
+		}
+		p.markDid(sp)
+		if fits, err := s.codec.Fits(l, rec.Key, rec.Value, rec.Headers); err != nil || fits {
+			p.sides = nil
+			return p, err
+		}
+	}
+	p.Abort(ctx)
+	return nil, s.tooLarge(rec, l)
+}
+
+func (p *Plan) markDid(sp sidePlan) {
+	if sp.sd == keySide {
+		p.Did.Key = true
+	} else {
+		p.Did.Value = true
+	}
+	p.Did.StoredBytes += sp.p.Size
+}
+
+func cloneRecord(r *kgo.Record) *kgo.Record {
+	c := *r
+	c.Headers = slices.Clone(r.Headers)
+	return &c
+}
+
+func (s *Serializer) storeClass() string {
+	if s.store == nil {
+		return ""
+	}
+	return s.store.Class()
+}
+
+// planSide fixes the id of rec's side sd and works out its full path.
+func (s *Serializer) planSide(rec *kgo.Record, sd side) (sidePlan, error) {
+	b := rec.Value
+	if sd == keySide {
+		b = rec.Key
+	}
+	if s.store == nil {
+		return sidePlan{}, fmt.Errorf("topic %s: the %s (%d bytes) must be offloaded: %w", rec.Topic, sd.name, len(b), ErrNoPayloadStore)
+	}
+	p := payloadstore.BytesPayload(b)
+	if sd == keySide {
+		p.ID = p.HexSHA256()
+	} else {
+		p.ID = s.store.ID(p)
+	}
+	sp := sidePlan{sd: sd, p: p}
+	root := s.root()
+	if root == "" {
+		return sp, nil // planned after publishing (see plan)
+	}
+	key, err := payloadstore.ObjectKey(rec.Topic, p.ID)
+	if err != nil {
+		return sidePlan{}, fmt.Errorf("topic %s: %w", rec.Topic, err)
+	}
+	sp.path = root.Path(key)
+	return sp, nil
+}
+
+// root is the store's root, "" for a store without ObjectStore (one
+// registered from outside this module), whose paths cannot be predicted.
+func (s *Serializer) root() payloadstore.Root {
+	if ops, err := payloadstore.Objects(s.store); err == nil {
+		return ops.Root()
+	}
+	return ""
+}
+
+// apply sets rec's side to a reference to path with its headers.
+func (sp sidePlan) apply(rec *kgo.Record, path string, metadata []byte, class string) error {
+	ref, err := PayloadReferenceValue{FullPayloadPath: path, PayloadStoreClass: class}.AppendTo(nil)
+	if err != nil {
+		return fmt.Errorf("topic %s: %w", rec.Topic, err)
+	}
+	// A copy: the caller may share one header slice between records.
+	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sp.sd), sideHeaders(sp.sd, sp.p.Size, sp.p.SHA256, metadata)...)
+	if sp.sd == keySide {
+		rec.Key = ref
+	} else {
+		rec.Value = ref
+	}
+	return nil
+}
+
+// Commit publishes the plan's payloads. When the store answers with
+// another path than planned, or with custom metadata (KIP-917), the
+// record's reference and headers are updated and changed is true: the
+// caller must measure the record again. On error, the objects Commit
+// published are deleted (except content ids) and the record must not be
+// produced.
+func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
+	for _, sp := range p.sides {
+		resp, err := p.s.store.Publish(ctx, p.rec.Topic, sp.p)
+		if err != nil {
+			p.Abort(ctx)
+			return false, fmt.Errorf("topic %s: offloading the %s (%d bytes): %w", p.rec.Topic, sp.sd.name, sp.p.Size, err)
+		}
+		p.published = append(p.published, resp.FullPayloadPath)
+		if resp.FullPayloadPath != sp.path || len(resp.CustomMetadata) > 0 {
+			if err := sp.apply(p.rec, resp.FullPayloadPath, resp.CustomMetadata, p.s.store.Class()); err != nil {
+				p.Abort(ctx)
+				return false, err
+			}
+			changed = true
+		}
+	}
+	return changed, nil
+}
+
+// commitChecked commits and, when the store changed the record, measures it
+// again against l (undoing the plan if it no longer fits).
+func (p *Plan) commitChecked(ctx context.Context, l Limits) error {
+	changed, err := p.Commit(ctx)
+	if err != nil || !changed {
+		return err
+	}
+	if fits, err := p.s.codec.Fits(l, p.rec.Key, p.rec.Value, p.rec.Headers); err != nil || !fits {
+		p.Abort(ctx)
+		if err == nil {
+			err = p.s.tooLarge(p.rec, l)
+		}
+		return err
+	}
+	return nil
+}
+
+// Abort deletes what Commit published, except objects named by content
+// id, which other records may reference. Delete errors are ignored: the
+// objects are then unreferenced and gc's or a TTL's to remove.
+func (p *Plan) Abort(ctx context.Context) {
+	for _, path := range p.published {
+		if !payloadstore.IsContentID(path) {
+			_ = p.s.store.Delete(context.WithoutCancel(ctx), path)
+		}
+	}
+	p.published = nil
+}
+
+// Published returns the full paths Commit wrote.
+func (p *Plan) Published() []string { return p.published }
 
 // tooLarge is ErrRecordTooLarge for rec, naming the topic and the limits.
 func (s *Serializer) tooLarge(rec *kgo.Record, l Limits) error {
@@ -204,48 +449,22 @@ func (s *Serializer) offloadSide(ctx context.Context, rec *kgo.Record, sd side, 
 	if s.store == nil {
 		return fmt.Errorf("topic %s: the %s (%d bytes) must be offloaded: %w", rec.Topic, sd.name, p.Size, ErrNoPayloadStore)
 	}
-	resp, err := s.store.Publish(ctx, rec.Topic, p)
-	if err != nil {
-		return fmt.Errorf("topic %s: offloading the %s (%d bytes): %w", rec.Topic, sd.name, p.Size, err)
+	pl := &Plan{s: s, rec: rec, sides: []sidePlan{{sd: sd, p: p}}}
+	if _, err := pl.Commit(ctx); err != nil {
+		return err
 	}
-	ref, err := PayloadReferenceValue{FullPayloadPath: resp.FullPayloadPath, PayloadStoreClass: s.store.Class()}.AppendTo(nil)
-	if err != nil {
-		return fmt.Errorf("topic %s: %w", rec.Topic, err)
-	}
-	// A copy: the caller may share one header slice between records.
-	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, p.Size, p.SHA256, resp.CustomMetadata)...)
-	if sd.name == "key" {
-		rec.Key = ref
-		did.Key = true
-	} else {
-		rec.Value = ref
-		did.Value = true
-	}
+	did.Key, did.Value = did.Key || sd == keySide, did.Value || sd == valueSide
 	did.StoredBytes += p.Size
 	return nil
 }
 
 // offloadAll offloads rec's value (then its key, if the record still does
 // not fit l) whatever their size: the recovery of a record the broker
-// refused as too large.
+// refused as too large. Nothing is published when the record cannot fit.
 func (s *Serializer) offloadAll(ctx context.Context, rec *kgo.Record, l Limits) error {
-	keyRef, valueRef, err := s.Adopt(ctx, rec)
-	if err != nil {
+	p, err := s.PlanValue(ctx, rec, l)
+	if err != nil || p == nil {
 		return err
 	}
-	var did Offloaded
-	if !valueRef && !s.noValue && rec.Value != nil {
-		if err := s.offloadSide(ctx, rec, valueSide, payloadstore.BytesPayload(rec.Value), &did); err != nil {
-			return err
-		}
-	}
-	if fits, err := s.codec.Fits(l, rec.Key, rec.Value, rec.Headers); err != nil || fits {
-		return err
-	}
-	if !keyRef && !s.noKey && rec.Key != nil {
-		p := payloadstore.BytesPayload(rec.Key)
-		p.ID = p.HexSHA256()
-		return s.offloadSide(ctx, rec, keySide, p, &did)
-	}
-	return s.tooLarge(rec, l)
+	return p.commitChecked(ctx, l)
 }
