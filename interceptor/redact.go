@@ -1,9 +1,7 @@
 package interceptor
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -26,8 +24,10 @@ func init() { Register("redact", newRedact) }
 // newRedact builds redact: each configured field present in a record's
 // JSON value is replaced by the mask (a JSON string); the rest of the value
 // keeps its bytes (field order, spacing). A value that is not JSON fails
-// the record (INVALID_RECORD): it cannot be shown to be free of the fields.
-// A null value passes. side defaults to produce.
+// the record (INVALID_RECORD): it cannot be shown to be free of the fields;
+// so does a value nested deeper than json.max.depth (default 1000) or with
+// a member name twice in one object. A null value passes. side defaults to
+// produce.
 func newRedact(_ context.Context, config map[string]string) (Instance, error) {
 	var fields []string
 	for f := range strings.SplitSeq(config[KeyRedactFields], ",") {
@@ -42,17 +42,19 @@ func newRedact(_ context.Context, config map[string]string) (Instance, error) {
 	if m, ok := config[KeyRedactMask]; ok {
 		mask = m
 	}
+	maxDepth, err := parseJSONMaxDepth(config)
+	if err != nil {
+		return Instance{}, err
+	}
 	fn := func(_ context.Context, r *Record) error {
 		if r.Value == nil {
 			return nil
 		}
-		if !gjson.ValidBytes(r.Value) {
-			return fmt.Errorf("%w: the value (%d bytes) is not valid JSON, so it cannot be redacted", kerr.InvalidRecord, len(r.Value))
-		}
-		// Found by review: with a key twice in one object, a path masks
-		// one occurrence while last-key-wins parsers read the other.
-		if k, dup := duplicateKey(r.Value); dup {
-			return fmt.Errorf("%w: the value has the key %q twice in one object, so it cannot be redacted safely", kerr.InvalidRecord, k)
+		// Checked first, with a streaming tokenizer: gjson and sjson
+		// recurse per nesting level, and a path masks one occurrence of a
+		// key that last-key-wins readers may read twice.
+		if err := checkJSON(r.Value, maxDepth); err != nil {
+			return fmt.Errorf("%w, so it cannot be redacted", err)
 		}
 		v := r.Value
 		for _, f := range fields {
@@ -78,49 +80,4 @@ func newRedact(_ context.Context, config map[string]string) (Instance, error) {
 		return nil
 	}
 	return instance("redact", config, "produce", fn, fn)
-}
-
-// duplicateKey reports the first key that appears twice in one JSON object
-// of b (keys compared after unescaping). b is assumed valid JSON.
-func duplicateKey(b []byte) (string, bool) {
-	type frame struct {
-		obj       bool
-		keys      map[string]struct{}
-		expectKey bool
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	var stack []*frame
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", false
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = stack[len(stack)-1]
-		}
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				if top != nil && top.obj {
-					top.expectKey = true // this container is the value of a key
-				}
-				stack = append(stack, &frame{obj: d == '{', keys: map[string]struct{}{}, expectKey: d == '{'})
-			default:
-				stack = stack[:len(stack)-1]
-			}
-			continue
-		}
-		if k, ok := tok.(string); ok && top != nil && top.obj && top.expectKey {
-			if _, dup := top.keys[k]; dup {
-				return k, true
-			}
-			top.keys[k] = struct{}{}
-			top.expectKey = false
-			continue
-		}
-		if top != nil && top.obj {
-			top.expectKey = true
-		}
-	}
 }

@@ -3,7 +3,6 @@ package interceptor
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -24,7 +23,9 @@ func init() { Register("validate-json", newValidateJSON) }
 // newValidateJSON builds validate-json: a record whose value is not JSON
 // or, with a schema configured (validate.json.schema or
 // validate.json.schema.file, drafts 4 to 2020-12), does not satisfy it
-// fails with INVALID_RECORD and a message naming the violation. A null value
+// fails with INVALID_RECORD and a message naming the violation; so does a
+// value nested deeper than json.max.depth (default 1000) or with a member
+// name twice in one object (readers disagree on which one counts). A null value
 // (a tombstone) passes. side defaults to produce; on fetch an invalid
 // record fails the partition (see Chain.InterceptFetch).
 func newValidateJSON(_ context.Context, config map[string]string) (Instance, error) {
@@ -55,12 +56,18 @@ func newValidateJSON(_ context.Context, config map[string]string) (Instance, err
 			return Instance{}, fmt.Errorf("%s: %w", key, err)
 		}
 	}
+	maxDepth, err := parseJSONMaxDepth(config)
+	if err != nil {
+		return Instance{}, err
+	}
 	check := func(_ context.Context, r *Record) error {
 		if r.Value == nil {
 			return nil
 		}
-		if !json.Valid(r.Value) {
-			return fmt.Errorf("%w: the value (%d bytes) is not valid JSON", kerr.InvalidRecord, len(r.Value))
+		// A streaming tokenizer first: the schema validator decodes
+		// recursively, one level per nesting level.
+		if err := checkJSON(r.Value, maxDepth); err != nil {
+			return err
 		}
 		if schema == nil {
 			return nil

@@ -89,9 +89,11 @@ func (s *Serializer) Offload(ctx context.Context, rec *kgo.Record, l Limits) (Of
 // record already holds the references its payloads will have (their ids are
 // fixed, so the references are exact). Commit publishes the payloads.
 type Plan struct {
-	s     *Serializer
-	rec   *kgo.Record
-	sides []sidePlan
+	s       *Serializer
+	rec     *kgo.Record
+	sides   []sidePlan
+	rebinds []payloadstore.Rebinding // references re-bound to the record's topic (Adopt)
+	rebound int                      // how many rebinds Commit did
 	// Did says which sides the plan offloads and how many payload bytes
 	// Commit publishes.
 	Did Offloaded
@@ -116,28 +118,35 @@ func (s *Serializer) PlanOffload(ctx context.Context, rec *kgo.Record, l Limits)
 }
 
 // PlanValue is PlanOffload offloading rec's value whatever its size (then
-// its key, if the record still does not fit); it returns nil when the value
-// cannot be offloaded (null, already a reference, or no large-message
-// stage). It is how the proxy makes a batch of records that each fit
+// its key, if the record still does not fit). When the value cannot be
+// offloaded (null, already a reference, or no large-message stage) it
+// returns nil if the record fits, else ErrRecordTooLarge. It is how the proxy makes a batch of records that each fit
 // smaller, and how the Producer recovers a record the broker refused.
 func (s *Serializer) PlanValue(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
 	return s.plan(ctx, rec, l, true)
 }
 
 func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force bool) (*Plan, error) {
-	keyRef, valueRef, err := s.Adopt(ctx, rec)
+	keyRef, valueRef, rebinds, err := s.adopt(rec)
 	if err != nil {
 		return nil, err
 	}
 	canValue := !valueRef && !s.noValue && rec.Value != nil
 	canKey := !keyRef && !s.noKey && rec.Key != nil
-	if force && !canValue {
-		return nil, nil
-	}
-	if !force {
-		if fits, err := s.codec.Fits(l, rec.Key, rec.Value, rec.Headers); err != nil || fits {
+	var fits bool
+	if !force || !canValue {
+		if fits, err = s.codec.Fits(l, rec.Key, rec.Value, rec.Headers); err != nil {
 			return nil, err
 		}
+	}
+	if fits && (!force || !canValue) {
+		if len(rebinds) == 0 {
+			return nil, nil
+		}
+		return &Plan{s: s, rec: rec, rebinds: rebinds}, nil
+	}
+	if force && !canValue {
+		return nil, s.tooLarge(rec, l)
 	}
 	// The orders to try: the larger side first, then both.
 	var orders [][]side
@@ -148,7 +157,7 @@ func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force 
 		orders = [][]side{{keySide}, {keySide, valueSide}}
 	}
 	if s.store != nil && s.root() == "" {
-		return s.publishFirst(ctx, rec, l, orders)
+		return s.publishFirst(ctx, rec, l, orders) // (a store without ObjectStore has no rebinds)
 	}
 	var last *kgo.Record
 	for _, order := range orders {
@@ -173,7 +182,7 @@ func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force 
 		if fits, err := s.codec.Fits(l, predicted.Key, predicted.Value, predicted.Headers); err != nil {
 			return nil, err
 		} else if fits {
-			p := &Plan{s: s, rec: rec, sides: sps}
+			p := &Plan{s: s, rec: rec, sides: sps, rebinds: rebinds}
 			for _, sp := range sps {
 				p.markDid(sp)
 			}
@@ -304,6 +313,13 @@ func (sp sidePlan) apply(rec *kgo.Record, path string, metadata []byte, class st
 // published are deleted (except content ids) and the record must not be
 // produced.
 func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
+	for _, rb := range p.rebinds[p.rebound:] {
+		if err := rb.Do(ctx, p.s.store); err != nil {
+			p.Abort(ctx)
+			return false, fmt.Errorf("topic %s: re-binding a reference: %w", p.rec.Topic, err)
+		}
+		p.rebound++
+	}
 	for _, sp := range p.sides {
 		resp, err := p.s.store.Publish(ctx, p.rec.Topic, sp.p)
 		if err != nil {
@@ -343,12 +359,17 @@ func (p *Plan) commitChecked(ctx context.Context, l Limits) error {
 // id, which other records may reference. Delete errors are ignored: the
 // objects are then unreferenced and gc's or a TTL's to remove.
 func (p *Plan) Abort(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	for _, path := range p.published {
 		if !payloadstore.IsContentID(path) {
-			_ = p.s.store.Delete(context.WithoutCancel(ctx), path)
+			_ = p.s.store.Delete(ctx, path)
 		}
 	}
 	p.published = nil
+	for _, rb := range p.rebinds[:p.rebound] {
+		_ = rb.Undo(ctx, p.s.store)
+	}
+	p.rebound = 0
 }
 
 // Published returns the full paths Commit wrote.
@@ -384,6 +405,20 @@ func headerBytes(hs []kgo.RecordHeader) int {
 //
 // rec's headers are copied before they change (they may be shared).
 func (s *Serializer) Adopt(ctx context.Context, rec *kgo.Record) (keyRef, valueRef bool, err error) {
+	keyRef, valueRef, rebinds, err := s.adopt(rec)
+	if err != nil {
+		return false, false, err
+	}
+	for _, r := range rebinds {
+		if err := r.Do(ctx, s.store); err != nil {
+			return false, false, fmt.Errorf("topic %s: re-binding a reference: %w", rec.Topic, err)
+		}
+	}
+	return keyRef, valueRef, nil
+}
+
+// adopt is Adopt without I/O: the copies and touches come back to be done.
+func (s *Serializer) adopt(rec *kgo.Record) (keyRef, valueRef bool, rebinds []payloadstore.Rebinding, err error) {
 	for _, sd := range []side{keySide, valueSide} {
 		if !marked(rec.Headers, sd.marker) {
 			continue
@@ -397,14 +432,15 @@ func (s *Serializer) Adopt(ctx context.Context, rec *kgo.Record) (keyRef, valueR
 			rec.Headers = withoutSide(slices.Clone(rec.Headers), sd)
 			continue
 		}
-		path, err := s.rebind(ctx, rec.Topic, ref.FullPayloadPath)
+		rb, err := s.rebind(rec.Topic, ref.FullPayloadPath)
 		if err != nil {
-			return false, false, fmt.Errorf("topic %s: the record's %s is a reference: %w", rec.Topic, sd.name, err)
+			return false, false, nil, fmt.Errorf("topic %s: the record's %s is a reference: %w", rec.Topic, sd.name, err)
 		}
-		if path != ref.FullPayloadPath {
-			ref.FullPayloadPath = path
+		rebinds = append(rebinds, rb)
+		if rb.Path != ref.FullPayloadPath {
+			ref.FullPayloadPath = rb.Path
 			if *b, err = ref.AppendTo(nil); err != nil {
-				return false, false, fmt.Errorf("topic %s: %w", rec.Topic, err)
+				return false, false, nil, fmt.Errorf("topic %s: %w", rec.Topic, err)
 			}
 		}
 		if sd.name == "key" {
@@ -413,23 +449,22 @@ func (s *Serializer) Adopt(ctx context.Context, rec *kgo.Record) (keyRef, valueR
 			valueRef = true
 		}
 	}
-	return keyRef, valueRef, nil
+	return keyRef, valueRef, rebinds, nil
 }
 
-// rebind applies Adopt's rules to one reference and returns the path the
-// record should carry.
-func (s *Serializer) rebind(ctx context.Context, topic, path string) (string, error) {
+// rebind applies Adopt's rules to one reference.
+func (s *Serializer) rebind(topic, path string) (payloadstore.Rebinding, error) {
 	if s.store == nil {
-		return "", ErrNoPayloadStore
+		return payloadstore.Rebinding{}, ErrNoPayloadStore
 	}
 	kp, err := payloadstore.PathKey(path)
 	if err != nil {
-		return "", err
+		return payloadstore.Rebinding{}, err
 	}
 	if kp.Topic != topic && (s.copyTopics == nil || !s.copyTopics.MatchString(kp.Topic)) {
-		return "", fmt.Errorf("%w: %s (%s allows copying from other topics)", payloadstore.ErrWrongTopic, kp.Topic, KeyReferenceCopyTopics)
+		return payloadstore.Rebinding{}, fmt.Errorf("%w: %s (%s allows copying from other topics)", payloadstore.ErrWrongTopic, kp.Topic, KeyReferenceCopyTopics)
 	}
-	return payloadstore.CopyToTopic(ctx, s.store, path, topic)
+	return payloadstore.PlanCopyToTopic(s.store, path, topic)
 }
 
 // OffloadValue publishes p as rec's value whatever its size and sets rec's

@@ -47,25 +47,42 @@ func Objects(s PayloadStore) (ObjectStore, error) {
 }
 
 // CopyToTopic gives topic its own object for the payload at fullPath (a
-// reference into another topic of the same store, KeyParts from
-// Root.KeyOf): content ids keep their id, other ids get a fresh one from
-// the store's generator. When the object is already topic's, it is touched
-// instead (its ModTime becomes now), so that ferry gc counts its age from
-// this use. It returns the full path the record should now carry.
+// reference into another topic of the same store): content ids keep their
+// id, other ids get a fresh one from the store's generator. When the object
+// is already topic's, it is touched instead (its ModTime becomes now), so
+// that ferry gc counts its age from this use. It returns the full path the
+// record should now carry. It is PlanCopyToTopic and Rebinding.Do.
 //
 // Errors: ErrInvalidPath for a path outside the store, ErrPayloadNotFound
 // when the source is gone, and the store's errors.
 func CopyToTopic(ctx context.Context, s PayloadStore, fullPath, topic string) (string, error) {
-	ops, err := Objects(s)
+	r, err := PlanCopyToTopic(s, fullPath, topic)
 	if err != nil {
 		return "", err
+	}
+	return r.Path, r.Do(ctx, s)
+}
+
+// Rebinding is a CopyToTopic decided but not done: a copy of the object at
+// key Src to key Dst, or a touch when they are equal; Path is the full path
+// of Dst.
+type Rebinding struct {
+	Src, Dst, Path string
+}
+
+// PlanCopyToTopic decides CopyToTopic without I/O: it checks that fullPath
+// lies in s and picks the copy's key.
+func PlanCopyToTopic(s PayloadStore, fullPath, topic string) (Rebinding, error) {
+	ops, err := Objects(s)
+	if err != nil {
+		return Rebinding{}, err
 	}
 	src, kp, err := ops.Root().KeyOf(fullPath)
 	if err != nil {
-		return "", err
+		return Rebinding{}, err
 	}
 	if kp.Topic == topic {
-		return fullPath, ops.Touch(ctx, src)
+		return Rebinding{Src: src, Dst: src, Path: fullPath}, nil
 	}
 	id := kp.ID
 	if !isHexDigest(id) {
@@ -73,12 +90,34 @@ func CopyToTopic(ctx context.Context, s PayloadStore, fullPath, topic string) (s
 	}
 	dst, err := objectKey(topic, id)
 	if err != nil {
-		return "", err
+		return Rebinding{}, err
 	}
-	if err := ops.Copy(ctx, src, dst); err != nil {
-		return "", err
+	return Rebinding{Src: src, Dst: dst, Path: ops.Root().Path(dst)}, nil
+}
+
+// Do performs the copy (or the touch).
+func (r Rebinding) Do(ctx context.Context, s PayloadStore) error {
+	ops, err := Objects(s)
+	if err != nil {
+		return err
 	}
-	return ops.Root().Path(dst), nil
+	if r.Src == r.Dst {
+		return ops.Touch(ctx, r.Src)
+	}
+	return ops.Copy(ctx, r.Src, r.Dst)
+}
+
+// Undo removes the copy Do made, unless it is named by content id (other
+// records may reference it) or was a touch.
+func (r Rebinding) Undo(ctx context.Context, s PayloadStore) error {
+	if r.Src == r.Dst || IsContentID(r.Dst) {
+		return nil
+	}
+	ops, err := Objects(s)
+	if err != nil {
+		return err
+	}
+	return ops.Remove(ctx, r.Dst)
 }
 
 // gcFolder is the key segment under a topic's prefix that holds ferry gc's
