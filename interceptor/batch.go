@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -68,12 +69,17 @@ func splitBatch(b []byte) (raw, rest []byte, complete bool) {
 type decodedBatch struct {
 	hdr  kmsg.RecordBatch // Records holds the wire (compressed) records
 	recs []kmsg.Record
+	// transient is what decoding charged to the ledger (decompressed
+	// bytes, decoded structures), given back once the batch is done.
+	transient int64
 }
 
 // decodeBatch checks raw's magic and CRC and decodes its records,
-// decompressing them with franz-go's decompressor. It never panics on bad
-// input: errors say what is wrong.
-func decodeBatch(raw []byte) (*decodedBatch, error) {
+// decompressing them within l's bounds (see decompress) and charging l for
+// the decompressed bytes and the decoded structures. It never panics on
+// bad input: errors say what is wrong (an *errBatch, errMagic,
+// ErrDecompressedTooLarge or ErrMemoryBusy). l may be nil (no bounds).
+func decodeBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, error) {
 	if len(raw) <= magicOffset {
 		return nil, corrupt("record batch of %d bytes is truncated", len(raw))
 	}
@@ -97,39 +103,74 @@ func decodeBatch(raw []byte) (*decodedBatch, error) {
 	if int(codec) >= len(codecNames) {
 		return nil, corrupt("record batch uses unknown compression codec %d", codec)
 	}
+	held := heldOf(l)
+	defer func() { d.transient = heldOf(l) - held }()
 	src := d.hdr.Records
 	if codec != 0 {
-		out, err := decompressor.Decompress(src, kgo.CompressionCodecType(codec))
+		out, err := decompress(ctx, l, codec, src)
 		if err != nil {
-			return nil, corrupt("record batch: %s decompression failed: %v", codecNames[codec], err)
+			var eb *errBatch
+			if errors.Is(err, ErrDecompressedTooLarge) || errors.Is(err, ErrMemoryBusy) || errors.As(err, &eb) {
+				return d.fail(l, held, err)
+			}
+			return d.fail(l, held, corrupt("record batch: %s decompression failed: %v", codecNames[codec], err))
 		}
 		src = out
 	}
 	// A record is at least 7 bytes: bound the allocation by the input.
 	if int64(d.hdr.NumRecords) > int64(len(src))/7+1 {
-		return nil, corrupt("record batch says it holds %d records in %d bytes", d.hdr.NumRecords, len(src))
+		return d.fail(l, held, corrupt("record batch says it holds %d records in %d bytes", d.hdr.NumRecords, len(src)))
+	}
+	if err := l.charge(ctx, int64(d.hdr.NumRecords)*recordStructBytes); err != nil {
+		return d.fail(l, held, err)
 	}
 	d.recs = make([]kmsg.Record, d.hdr.NumRecords)
 	for i := range d.recs {
 		n, vl := kbin.Varint(src)
 		if vl == 0 || n < 0 || int64(vl)+int64(n) > int64(len(src)) {
-			return nil, corrupt("record %d of the batch is truncated", i)
+			return d.fail(l, held, corrupt("record %d of the batch is truncated", i))
 		}
 		if err := d.recs[i].ReadFrom(src[:vl+int(n)]); err != nil {
-			return nil, corrupt("record %d of the batch: %v", i, err)
+			return d.fail(l, held, corrupt("record %d of the batch: %v", i, err))
+		}
+		if h := len(d.recs[i].Headers); h > 0 {
+			if err := l.charge(ctx, int64(h)*headerStructBytes); err != nil {
+				return d.fail(l, held, err)
+			}
 		}
 		src = src[vl+int(n):]
 	}
 	if len(src) != 0 {
-		return nil, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords)
+		return d.fail(l, held, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords))
 	}
 	return d, nil
 }
 
+// fail gives back what decoding charged and returns err.
+func (d *decodedBatch) fail(l *ledger, held int64, err error) (*decodedBatch, error) {
+	l.give(heldOf(l) - held)
+	return nil, err
+}
+
+// done gives back the batch's transient charges.
+func (d *decodedBatch) done(l *ledger) {
+	l.give(d.transient)
+	d.transient = 0
+}
+
+func heldOf(l *ledger) int64 {
+	if l == nil {
+		return 0
+	}
+	return l.held
+}
+
 // encode builds the batch's wire bytes: records encoded with their lengths,
 // compressed with the batch's codec by franz-go's compressor, the length
-// and CRC-32C recomputed. All other header fields are taken from d.hdr.
-func (d *decodedBatch) encode() ([]byte, error) {
+// and CRC-32C recomputed. All other header fields are taken from d.hdr. The
+// output is charged to l (it lives until the request is forwarded or the
+// response written); the uncompressed records section is transient.
+func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	var recs []byte
 	var tmp []byte
 	for i := range d.recs {
@@ -140,10 +181,17 @@ func (d *decodedBatch) encode() ([]byte, error) {
 		recs = kbin.AppendVarint(recs, r.Length)
 		recs = append(recs, tmp[1:]...)
 	}
+	if err := l.charge(ctx, int64(len(recs))); err != nil {
+		return nil, err
+	}
 	codec := d.hdr.Attributes & attrCodecMask
 	if codec != 0 {
 		out, err := compress(kgo.CompressionCodecType(codec), recs)
+		l.give(int64(len(recs))) // the uncompressed section is garbage now
 		if err != nil {
+			return nil, err
+		}
+		if err := l.charge(ctx, int64(len(out))); err != nil {
 			return nil, err
 		}
 		recs = out
@@ -157,8 +205,6 @@ func (d *decodedBatch) encode() ([]byte, error) {
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
 	return out, nil
 }
-
-var decompressor = kgo.DefaultDecompressor()
 
 var (
 	compMu      sync.Mutex

@@ -33,7 +33,7 @@ func runProduceChain(t *testing.T, ch *Chain, values ...string) (ProduceOutcome,
 	var got []string
 	if len(req.Topics) == 1 {
 		checkBatches(t, req.Topics[0].Partitions[0].Records)
-		d, err := decodeBatch(req.Topics[0].Partitions[0].Records)
+		d, err := decodeBatch(context.Background(), nil, req.Topics[0].Partitions[0].Records)
 		if err != nil {
 			t.Fatal(err)
 		}

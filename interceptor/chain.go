@@ -27,9 +27,18 @@ type Options struct {
 	// 0 means DefaultTimeout.
 	Timeout time.Duration
 	// TopicName resolves a topic id to its name, for produce requests v13+
-	// and fetch responses v13+, which carry ids instead of names. nil, or
-	// false, leaves such topics untouched.
+	// and fetch responses v13+, which carry ids instead of names. A topic
+	// it cannot name (nil, or false) is refused with UNKNOWN_TOPIC_ID:
+	// never passed uninspected.
 	TopicName func(id [16]byte) (string, bool)
+	// Memory is the budget all calls share (proxy.memory.max.bytes);
+	// nil: NewMemory(DefaultMemoryMax).
+	Memory *Memory
+	// BatchDecompressedMax and RequestDecompressedMax bound the bytes one
+	// batch, and all batches of one request or response, decompress to
+	// (interceptor.batch.decompressed.max.bytes, default 100 MiB;
+	// interceptor.request.decompressed.max.bytes, default 200 MiB).
+	BatchDecompressedMax, RequestDecompressedMax int64
 }
 
 // Chain runs interceptors in their configured order. It is safe for
@@ -39,6 +48,9 @@ type Chain struct {
 	fetch   []FetchResponseInterceptor
 	timeout time.Duration
 	names   func([16]byte) (string, bool)
+	mem     *Memory
+	// per-batch and per-request decompression bounds (bytes)
+	batchMax, requestMax int64
 	// instances are closed by Close (set by Build).
 	instances []Instance
 }
@@ -49,9 +61,18 @@ type Chain struct {
 // offloads, and a fetch restores the payload then redacts it (as response
 // filters run in reverse in other proxies).
 func NewChain(instances []Instance, o Options) *Chain {
-	c := &Chain{timeout: o.Timeout, names: o.TopicName}
+	c := &Chain{timeout: o.Timeout, names: o.TopicName, mem: o.Memory, batchMax: o.BatchDecompressedMax, requestMax: o.RequestDecompressedMax}
 	if c.timeout <= 0 {
 		c.timeout = DefaultTimeout
+	}
+	if c.mem == nil {
+		c.mem = NewMemory(DefaultMemoryMax)
+	}
+	if c.batchMax <= 0 {
+		c.batchMax = DefaultBatchDecompressedMax
+	}
+	if c.requestMax <= 0 {
+		c.requestMax = DefaultRequestDecompressedMax
 	}
 	for _, in := range instances {
 		if in.Produce != nil {
@@ -86,6 +107,15 @@ func (c *Chain) topicName(name string, id [16]byte) (string, bool) {
 	return c.names(id)
 }
 
+// Memory returns the chain's memory budget.
+func (c *Chain) Memory() *Memory { return c.mem }
+
+// newBounds starts a request's decompression allowance.
+func (c *Chain) newBounds() *bounds { return &bounds{batchMax: c.batchMax, requestMax: c.requestMax} }
+
+// ledger starts a worker's (or an outcome's) charges against the budget.
+func (c *Chain) ledger(b *bounds) *ledger { return &ledger{mem: c.mem, req: b} }
+
 func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker) {
 	for _, ic := range c.produce {
 		if ic.TopicPattern().MatchString(topic) {
@@ -98,13 +128,16 @@ func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker
 	return ps, shrinkers
 }
 
-func (c *Chain) fetchProcs(topic string) (ps []proc) {
+func (c *Chain) fetchProcs(topic string) (ps []proc, sizers []FetchSizer) {
 	for _, ic := range c.fetch {
 		if ic.TopicPattern().MatchString(topic) {
 			ps = append(ps, proc{ic.Name(), ic.ProcessRecord})
+			if s, ok := ic.(FetchSizer); ok {
+				sizers = append(sizers, s)
+			}
 		}
 	}
-	return ps
+	return ps, sizers
 }
 
 // failure is why a partition failed.
@@ -137,8 +170,10 @@ type watch struct {
 // run runs work in a goroutine and waits for it, giving each interceptor
 // call (timed by calls made through w) the chain's budget. A call that runs
 // over cancels ctx and fails the partition with REQUEST_TIMED_OUT at once;
-// the abandoned goroutine's result is discarded.
-func (c *Chain) run(ctx context.Context, work func(ctx context.Context, w *watch) (any, *failure)) (any, *failure) {
+// the abandoned goroutine's result is discarded and the memory it charged
+// to led given back when it ends. On success the caller owns led's
+// charges; on failure they are given back.
+func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Context, w *watch) (any, *failure)) (any, *failure) {
 	wctx, cancel := context.WithCancel(ctx)
 	type result struct {
 		v any
@@ -152,15 +187,29 @@ func (c *Chain) run(ctx context.Context, work func(ctx context.Context, w *watch
 			if p := recover(); p != nil {
 				r = result{f: fail(kerr.UnknownServerError.Code, fmt.Errorf("interceptor panicked: %v", p))}
 			}
+			if r.f != nil {
+				led.release()
+			}
 			done <- r
 		}()
 		r.v, r.f = work(wctx, w)
+	}()
+	got := false
+	defer func() {
+		if !got { // abandoned: give its memory back when it ends
+			go func() {
+				if r := <-done; r.f == nil {
+					led.release()
+				}
+			}()
+		}
 	}()
 	timer := time.NewTimer(c.timeout)
 	defer timer.Stop()
 	for {
 		select {
 		case r := <-done:
+			got = true
 			cancel()
 			return r.v, r.f
 		case <-ctx.Done():
@@ -194,7 +243,11 @@ func (c *Chain) call(ctx context.Context, w *watch, p proc, index int, r *Record
 	w.name.Store(&p.name)
 	w.index.Store(int64(index))
 	w.start.Store(time.Now().UnixNano())
+	n := len(r.deferred)
 	err := p.call(ctx, r)
+	for i := n; i < len(r.deferred); i++ {
+		r.deferred[i].name = p.name
+	}
 	w.start.Store(0)
 	if err == nil && ctx.Err() != nil {
 		err = fmt.Errorf("stopped: %w", ctx.Err())

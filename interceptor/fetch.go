@@ -20,9 +20,9 @@ type FetchPartitionResult struct {
 	Partition int32
 	// ErrorCode is the code set on the partition (0 when Partial).
 	ErrorCode int16
-	// Partial: the batches before the failing one were kept (rewritten)
+	// Partial: the records before the failing one were kept (rewritten)
 	// and the rest dropped, with no error code; the consumer's next fetch
-	// starts at the failing batch and gets the error then.
+	// starts at the failing record and gets the error then.
 	Partial bool
 	Err     error
 }
@@ -34,10 +34,16 @@ type FetchOutcome struct {
 	// Rewritten counts the partitions whose record batches were re-encoded
 	// or cut to the fetch limits.
 	Rewritten int
-	// Truncated counts the partitions whose trailing batches were left
+	// Truncated counts the partitions whose trailing records were left
 	// out to keep the response within the FetchLimits.
 	Truncated int
+
+	led *ledger // the rewritten batches' memory, until Release
 }
+
+// Release gives back the memory held for the rewritten batches; call it
+// once the response is encoded.
+func (o *FetchOutcome) Release() { o.led.release() }
 
 // FetchPartition names a partition of a fetch: by topic name (Fetch v0-v12)
 // or topic id (v13+), as the request and response do.
@@ -49,19 +55,25 @@ type FetchPartition struct {
 
 // FetchLimits are the consumer's limits from its Fetch request (KIP-74):
 // the record bytes of the whole response (max_bytes, fetch.max.bytes) and
-// of each partition (partition_max_bytes, max.partition.fetch.bytes). Zero
-// or absent means no limit.
+// of each partition (partition_max_bytes, max.partition.fetch.bytes), and
+// the offset each partition is fetched from. Zero or absent means no limit.
 type FetchLimits struct {
 	MaxBytes          int32
 	PartitionMaxBytes map[FetchPartition]int32
+	// FetchOffset is each partition's fetch_offset: records before it
+	// (the start of a batch the broker sends whole) are left out unread,
+	// as consumers drop them anyway.
+	FetchOffset map[FetchPartition]int64
 }
 
 // FetchLimitsOf reads the limits of a Fetch request.
 func FetchLimitsOf(req *kmsg.FetchRequest) FetchLimits {
-	l := FetchLimits{MaxBytes: req.MaxBytes, PartitionMaxBytes: map[FetchPartition]int32{}}
+	l := FetchLimits{MaxBytes: req.MaxBytes, PartitionMaxBytes: map[FetchPartition]int32{}, FetchOffset: map[FetchPartition]int64{}}
 	for _, t := range req.Topics {
 		for _, p := range t.Partitions {
-			l.PartitionMaxBytes[FetchPartition{t.Topic, t.TopicID, p.Partition}] = p.PartitionMaxBytes
+			k := FetchPartition{t.Topic, t.TopicID, p.Partition}
+			l.PartitionMaxBytes[k] = p.PartitionMaxBytes
+			l.FetchOffset[k] = p.FetchOffset
 		}
 	}
 	return l
@@ -72,20 +84,24 @@ func FetchLimitsOf(req *kmsg.FetchRequest) FetchLimits {
 // Only partitions of matching topics are decoded; a batch whose records
 // are unchanged keeps its bytes. A changed batch is re-encoded with the same
 // codec, offsets kept: each record keeps its offset delta, the batch its
-// first offset, last offset delta, timestamps, producer id/epoch, base
-// sequence and attributes; CRC-32C and lengths are recomputed. A skipped
-// record is left out (the batch's record count drops; consumers handle the
-// gap as they do for compacted topics; a batch may become empty and still
-// advances the consumer's offset). Control batches and a partial batch at
-// the end of the record set pass untouched.
+// first offset, timestamps, producer id/epoch, base sequence and
+// attributes; CRC-32C and lengths are recomputed. A skipped record is left
+// out (the batch's record count drops; consumers handle the gap as they do
+// for compacted topics; a batch may become empty and still advances the
+// consumer's offset). Control batches and a partial batch at the end of the
+// record set pass untouched.
 //
-// Errors: when the first batch of a partition fails (an interceptor error,
-// a call over the time budget, a v0/v1 message set, a corrupt batch), the
+// A topic named by id (Fetch v13+) that the chain cannot name gets
+// UNKNOWN_TOPIC_ID and no records: never records uninspected.
+//
+// Errors: when the first record of a partition fails (an interceptor error,
+// a call over the time budget, a v0/v1 message set, a corrupt batch, a
+// batch that decompresses past its bound, the memory budget busy), the
 // partition's record set is dropped and its error code set to the
 // *kerr.Error the interceptor's error wraps, else KAFKA_STORAGE_ERROR,
 // which consumers (Java, librdkafka, franz-go) treat as retriable: they
-// refresh metadata and fetch the same offset again. When a later batch
-// fails, the batches before it are returned without error (Partial). An
+// refresh metadata and fetch the same offset again. When a later record
+// fails, the records before it are returned without error (Partial). An
 // interceptor that wants consumers to go past a record returns
 // ErrSkipRecord rather than an error. Fetch responses carry no error
 // message: the proxy logs FetchOutcome.Failed.
@@ -94,16 +110,18 @@ func (c *Chain) InterceptFetch(ctx context.Context, resp *kmsg.FetchResponse) Fe
 }
 
 // InterceptFetchLimited is InterceptFetch keeping the response within the
-// consumer's limits, as the broker does (KIP-74): rewritten records may be
-// far larger than the broker's (large-message replaces references by their
-// payloads), so after rewriting, the batches that would take the response
+// consumer's limits, as the broker does (KIP-74), and deciding that before
+// any interceptor reads anything: rewritten records may be far larger than
+// the broker's (large-message replaces references by their payloads; a
+// FetchSizer says by how much), so the records that would take the response
 // over limits.MaxBytes, or their partition over its partition max bytes,
-// are left out, with every later batch of that partition; the consumer
-// fetches them next time. The first batch of the response is always kept
-// (the consumer could never make progress otherwise). A partition left
-// without batches keeps its high watermark and no error.
+// are left out with every later record of that partition (a batch is cut
+// after its last kept record); the consumer fetches them next time. The
+// first record of the response is always kept (the consumer could never
+// make progress otherwise). A partition left without records keeps its high
+// watermark and no error.
 func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchResponse, limits FetchLimits) FetchOutcome {
-	var out FetchOutcome
+	out := FetchOutcome{led: c.ledger(nil)}
 	if len(c.fetch) == 0 {
 		return out
 	}
@@ -118,15 +136,25 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 		}
 		return lim
 	}
+	bnds := c.newBounds()
 	for ti := range resp.Topics {
 		t := &resp.Topics[ti]
-		name, ok := c.topicName(t.Topic, t.TopicID)
+		name, named := c.topicName(t.Topic, t.TopicID)
 		var ps []proc
-		if ok {
-			ps = c.fetchProcs(name)
+		var sizers []FetchSizer
+		if named {
+			ps, sizers = c.fetchProcs(name)
 		}
 		for pi := range t.Partitions {
 			p := &t.Partitions[pi]
+			if !named && p.ErrorCode == 0 {
+				p.ErrorCode = kerr.UnknownTopicID.Code
+				p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
+				out.Failed = append(out.Failed, FetchPartitionResult{Topic: t.Topic, TopicID: t.TopicID, Partition: p.Partition, ErrorCode: p.ErrorCode,
+					Err: fmt.Errorf("the proxy cannot name topic id %x, so its records cannot be inspected by the interceptors", t.TopicID)})
+				out.Rewritten++
+				continue
+			}
 			if len(ps) == 0 || p.ErrorCode != 0 || len(p.RecordBatches) == 0 {
 				// Not rewritten: within the broker's bounds on its own, but
 				// not after earlier partitions grew.
@@ -138,20 +166,16 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				used += int64(len(p.RecordBatches))
 				continue
 			}
-			limit, firstOK := limitFor(t, p.Partition), used == 0
-			type res struct {
-				b       []byte
-				changed bool
-				cut     bool
-				failAt  int
-				err     error
-				code    int16
+			fp := fetchPart{topic: name, partition: p.Partition, set: p.RecordBatches, aborted: slices.Clone(p.AbortedTransactions),
+				limit: limitFor(t, p.Partition), firstOK: used == 0, ps: ps, sizers: sizers, from: -1}
+			if off, ok := limits.FetchOffset[FetchPartition{t.Topic, t.TopicID, p.Partition}]; ok {
+				fp.from = off
 			}
 			// The worker must not read p: it may outlive the budget.
-			set, part, aborted := p.RecordBatches, p.Partition, slices.Clone(p.AbortedTransactions)
-			v, f := c.run(ctx, func(ctx context.Context, w *watch) (any, *failure) {
-				b, changed, cut, failAt, code, err := c.fetchPartition(ctx, w, name, part, set, aborted, ps, limit, firstOK)
-				return res{b, changed, cut, failAt, err, code}, nil
+			led := c.ledger(bnds)
+			v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
+				r := c.fetchPartition(ctx, w, led, &fp)
+				return r, nil
 			})
 			if f != nil {
 				p.ErrorCode = kerr.KafkaStorageError.Code
@@ -160,16 +184,17 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 					ErrorCode: p.ErrorCode, Err: fmt.Errorf("topic %s partition %d: %s", name, p.Partition, f.msg)})
 				continue
 			}
-			r := v.(res)
+			r := v.(fetchResult)
+			out.led.adopt(led)
 			if r.err != nil {
 				fr := FetchPartitionResult{Topic: t.Topic, TopicID: t.TopicID, Partition: p.Partition,
 					Err: fmt.Errorf("topic %s partition %d: %w", name, p.Partition, r.err)}
-				if r.failAt == 0 {
+				if len(r.out) == 0 {
 					p.ErrorCode = r.code
 					p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
 					fr.ErrorCode = r.code
 				} else {
-					p.RecordBatches = r.b
+					p.RecordBatches = r.out
 					fr.Partial = true
 				}
 				used += int64(len(p.RecordBatches))
@@ -177,7 +202,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				continue
 			}
 			if r.changed {
-				p.RecordBatches = r.b
+				p.RecordBatches = r.out
 				out.Rewritten++
 				if r.cut {
 					out.Truncated++
@@ -189,26 +214,50 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 	return out
 }
 
-// fetchPartition rewrites a partition's record set. On error, out holds
-// the rewritten batches before the failing one, failAt its index. With
-// limit >= 0 the rewritten set is cut before the first batch that would take
-// it over limit bytes (cut reports it), unless that is its first batch and
-// firstOK.
-func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, partition int32, set []byte,
-	aborted []kmsg.FetchResponseTopicPartitionAbortedTransaction, ps []proc, limit int64, firstOK bool) (out []byte, changed, cut bool, failAt int, code int16, err error) {
-	sort.Slice(aborted, func(i, j int) bool { return aborted[i].FirstOffset < aborted[j].FirstOffset })
+// fetchPart is one partition's work.
+type fetchPart struct {
+	topic     string
+	partition int32
+	set       []byte
+	aborted   []kmsg.FetchResponseTopicPartitionAbortedTransaction
+	// limit: the partition's record bytes may not pass it (-1: none),
+	// except for its first record when firstOK (the response's first).
+	limit   int64
+	firstOK bool
+	ps      []proc
+	sizers  []FetchSizer
+	from    int64 // the consumer's fetch offset (-1: unknown)
+}
+
+// fetchResult is a partition's rewritten record set. On error, out holds
+// the records before the failing one.
+type fetchResult struct {
+	out     []byte
+	changed bool
+	cut     bool
+	code    int16
+	err     error
+}
+
+// fetchPartition rewrites a partition's record set within its limit.
+func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *fetchPart) fetchResult {
+	var r fetchResult
+	sort.Slice(fp.aborted, func(i, j int) bool { return fp.aborted[i].FirstOffset < fp.aborted[j].FirstOffset })
 	aborting := map[int64]bool{}
-	fits := func(b []byte) bool {
-		return limit < 0 || int64(len(out)+len(b)) <= limit || (firstOK && len(out) == 0)
+	aborted := fp.aborted
+	// room reports whether n more bytes fit; the response's first record
+	// always does.
+	room := func(n int64) bool {
+		return fp.limit < 0 || int64(len(r.out))+n <= fp.limit
 	}
-	rest := set
-	for n := 0; len(rest) > 0; n++ {
+	rest := fp.set
+	for len(rest) > 0 && !r.cut {
 		raw, next, complete := splitBatch(rest)
 		if !complete {
-			if fits(rest) {
-				out = append(out, rest...) // a partial batch: consumers discard it
+			if room(int64(len(rest))) {
+				r.out = append(r.out, rest...) // a partial batch: consumers discard it
 			} else {
-				changed, cut = true, true
+				r.changed, r.cut = true, true
 			}
 			break
 		}
@@ -225,63 +274,94 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, topic string, part
 				aborting[aborted[0].ProducerID] = true
 				aborted = aborted[1:]
 			}
-			if attrs&attrTransactional != 0 && aborting[pid] {
+			if attrs&attrTransactional != 0 && aborting[pid] || attrs&attrControl != 0 {
 				if attrs&attrControl != 0 {
-					delete(aborting, pid) // the abort marker ends the transaction
+					delete(aborting, pid) // a marker ends the transaction
 				}
-				if !fits(raw) {
-					changed, cut = true, true
+				if !room(int64(len(raw))) && !(fp.firstOK && len(r.out) == 0) {
+					r.changed, r.cut = true, true
 					break
 				}
-				out = append(out, raw...)
+				r.out = append(r.out, raw...)
 				continue
 			}
 		}
-		if !fits(raw) {
-			// Over the limits already as the broker sent it: not worth
-			// rewriting (large-message would read payloads to drop them).
-			changed, cut = true, true
-			break
-		}
-		nb, err := c.fetchBatch(ctx, w, topic, partition, raw, ps)
+		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, int64(len(r.out)), room)
 		if err != nil {
-			return out, true, false, n, codeOf(err, kerr.KafkaStorageError.Code), err
+			r.out = append(r.out, nb...) // the records before the failing one, if any
+			r.changed, r.code, r.err = true, codeOf(err, kerr.KafkaStorageError.Code), err
+			return r
 		}
-		if !fits(nb) {
-			changed, cut = true, true
-			break
+		if cut {
+			r.changed, r.cut = true, true
+		}
+		if len(nb) == 0 {
+			continue
 		}
 		if len(nb) != len(raw) || &nb[0] != &raw[0] {
-			changed = true
+			r.changed = true
 		}
-		out = append(out, nb...)
+		r.out = append(r.out, nb...)
 	}
-	if !changed {
-		return set, false, false, 0, 0, nil
+	if !r.changed {
+		r.out = fp.set
 	}
-	return out, true, cut, 0, 0, nil
+	return r
 }
 
-func (c *Chain) fetchBatch(ctx context.Context, w *watch, topic string, partition int32, raw []byte, ps []proc) ([]byte, error) {
-	d, err := decodeBatch(raw)
+// fetchBatch runs the interceptors over one batch, within room: each
+// record's size after the interceptors is known in advance where a
+// FetchSizer says it, else measured after; the batch is cut before the
+// first record that does not fit (cut true), keeping the records before it
+// with the batch's last offset delta set to the last record kept. Records
+// before the consumer's fetch offset are left out unread. It returns raw
+// when nothing changed and nil when no record is left (cut, or all before
+// the fetch offset).
+func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetchPart, raw []byte, emitted int64,
+	room func(int64) bool) (out []byte, cut bool, err error) {
+	d, err := decodeBatch(ctx, led, raw)
 	if err != nil {
 		var eb *errBatch
-		if errors.As(err, &eb) || errors.Is(err, errMagic) {
-			return nil, fmt.Errorf("batch at offset %d: %w", firstOffset(raw), err)
+		if errors.As(err, &eb) || errors.Is(err, errMagic) || errors.Is(err, ErrDecompressedTooLarge) {
+			return nil, false, fmt.Errorf("batch at offset %d: %w", firstOffset(raw), err)
 		}
-		return nil, err
+		return nil, false, err
 	}
+	defer d.done(led)
 	if d.hdr.Attributes&attrControl != 0 {
-		return raw, nil
+		return raw, false, nil
 	}
 	info := batchInfo(&d.hdr, 0)
 	dirty := false
+	var failed error // an interceptor's error after some records were kept
 	keep := d.recs[:0:0]
+	size := int64(batchHeaderLen) // the batch as it will be encoded, uncompressed
+	lastDelta := int32(-1)        // the offset delta of the last record considered
+	first := func() bool { return fp.firstOK && emitted == 0 && len(keep) == 0 }
 	for i := range d.recs {
 		kr := &d.recs[i]
-		r := toRecord(topic, partition, &d.hdr, info, kr, i, true)
+		if fp.from >= 0 && d.hdr.FirstOffset+int64(kr.OffsetDelta) < fp.from {
+			dirty = true // before the fetch offset: consumers drop it
+			continue
+		}
+		r := toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
+		r.led = led
+		n := int64(encodedLen(kr))
+		known := len(fp.sizers) > 0 // without a FetchSizer, measured after
+		for _, s := range fp.sizers {
+			g, ok := s.GrowsBy(&r)
+			n += g
+			known = known && ok
+		}
+		// Over the limits already (as sent, plus the growth a FetchSizer
+		// predicts): left out unread (large-message would download a
+		// payload only to drop it).
+		if !room(size+n) && !first() {
+			cut = true
+			break
+		}
 		skip := false
-		for _, p := range ps {
+		for _, p := range fp.ps {
 			err := c.call(ctx, w, p, i, &r)
 			if err == nil {
 				continue
@@ -290,22 +370,53 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, topic string, partitio
 				skip = true
 				break
 			}
-			return nil, fmt.Errorf("interceptor %s failed the record at offset %d: %w", p.name, r.Offset, err)
+			failed = fmt.Errorf("interceptor %s failed the record at offset %d: %w", p.name, r.Offset, err)
+			if len(keep) == 0 {
+				return nil, false, failed
+			}
+			// The records so far go out; the consumer meets the error at
+			// this record next time.
+			cut = true
+			break
+		}
+		if cut {
+			break
 		}
 		if skip {
 			dirty = true
+			lastDelta = kr.OffsetDelta
 			continue
 		}
 		if apply(&r, kr) {
 			dirty = true
+			n = int64(encodedLen(kr))
 		}
+		if !known && !room(size+n) && !first() {
+			cut = true
+			break
+		}
+		size += n
 		keep = append(keep, *kr)
+		lastDelta = kr.OffsetDelta
+	}
+	if cut {
+		dirty = true
 	}
 	if !dirty {
-		return raw, nil
+		return raw, false, nil
+	}
+	if len(keep) == 0 && (cut || lastDelta < 0) {
+		return nil, cut, nil
 	}
 	d.recs = keep
-	return d.encode()
+	if cut {
+		d.hdr.LastOffsetDelta = lastDelta
+	}
+	enc, err := d.encode(ctx, led)
+	if err == nil {
+		err = failed
+	}
+	return enc, cut, err
 }
 
 func firstOffset(raw []byte) int64 {

@@ -44,7 +44,7 @@ func FuzzRewriteBatch(f *testing.F) {
 			binary.BigEndian.PutUint32(b[crcOffset:], crc32.Checksum(b[attrOffset:], castagnoli))
 		}
 		req := buildRequest(t, map[string][]byte{"t": bytes.Clone(b)})
-		out := ch.InterceptProduce(context.Background(), req, func(string) (int32, bool) { return 1 << 20, true })
+		out := ch.InterceptProduce(context.Background(), req, allTopics(1 << 20))
 		if out.Forward {
 			rest := req.Topics[0].Partitions[0].Records
 			for len(rest) > 0 {
@@ -52,7 +52,7 @@ func FuzzRewriteBatch(f *testing.F) {
 				if !ok {
 					t.Fatalf("forwarded a truncated batch")
 				}
-				if _, err := decodeBatch(raw); err != nil && raw[magicOffset] == 2 {
+				if _, err := decodeBatch(context.Background(), nil, raw); err != nil && raw[magicOffset] == 2 {
 					t.Fatalf("forwarded an invalid batch: %v", err)
 				}
 				rest = next

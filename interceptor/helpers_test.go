@@ -113,15 +113,18 @@ func newCluster(t *testing.T, topics map[string]map[string]*string) *cluster {
 		}
 		pr := req.(*kmsg.ProduceRequest)
 		orig := cloneProduce(pr)
-		out := chain.InterceptProduce(context.Background(), pr, func(topic string) (int32, bool) {
-			if v := topics[topic]["max.message.bytes"]; v != nil {
-				var n int32
-				for _, c := range *v {
-					n = n*10 + int32(c-'0')
+		out := chain.InterceptProduce(context.Background(), pr, func(names []string) map[string]int32 {
+			m := map[string]int32{}
+			for _, topic := range names {
+				if v := topics[topic]["max.message.bytes"]; v != nil {
+					var n int32
+					for _, c := range *v {
+						n = n*10 + int32(c-'0')
+					}
+					m[topic] = n
 				}
-				return n, true
 			}
-			return 0, false
+			return m
 		})
 		cl.mu.Lock()
 		cl.outcomes = append(cl.outcomes, out)
@@ -235,7 +238,7 @@ func checkBatches(t *testing.T, b []byte) []kmsg.RecordBatch {
 		if got := crc32.Checksum(b[21:n], crc32.MakeTable(crc32.Castagnoli)); got != uint32(rb.CRC) {
 			t.Fatalf("CRC %08x, header %08x", got, uint32(rb.CRC))
 		}
-		d, err := decodeBatch(b[:n])
+		d, err := decodeBatch(context.Background(), nil, b[:n])
 		if err != nil {
 			t.Fatalf("batch: %v", err)
 		}
@@ -249,3 +252,14 @@ func checkBatches(t *testing.T, b []byte) []kmsg.RecordBatch {
 }
 
 var errTest = errors.New("test failure")
+
+// allTopics is a limits callback giving every topic max.message.bytes n.
+func allTopics(n int32) func([]string) map[string]int32 {
+	return func(topics []string) map[string]int32 {
+		m := map[string]int32{}
+		for _, t := range topics {
+			m[t] = n
+		}
+		return m
+	}
+}

@@ -49,7 +49,44 @@ type Record struct {
 	Offset int64
 	// Batch describes the record batch the record came in.
 	Batch BatchInfo
+
+	deferred []namedDeferred // work to do once the batch is accepted (produce)
+	led      *ledger    // the worker's memory ledger (Reserve)
 }
+
+// Deferred is work an interceptor prepared for a record that must wait
+// until the record's whole batch is known to be accepted by the chain:
+// large-message's publishing of a payload, so that a batch refused (too
+// large, another record failing) leaves nothing in the store. The record
+// already holds its final form (large-message: references to the objects
+// Commit will write).
+type Deferred interface {
+	// Commit does the work. It may change r's key, value or headers (a
+	// store's custom metadata); the chain then measures the batch again.
+	// On error, Commit has undone its own partial work.
+	Commit(ctx context.Context, r *Record) error
+	// Abort undoes a successful Commit (deletes what it wrote, where no
+	// other record can share it). It is called when a later step fails,
+	// or when the broker refuses the batch for good.
+	Abort(ctx context.Context)
+}
+
+// Defer registers d to be committed once the record's batch is accepted
+// (produce only; on fetch d is committed at once).
+func (r *Record) Defer(d Deferred) { r.deferred = append(r.deferred, namedDeferred{d: d}) }
+
+// namedDeferred is a Deferred with the name of the interceptor that made it.
+type namedDeferred struct {
+	name string
+	d    Deferred
+}
+
+// Reserve takes n bytes from the proxy's memory budget
+// (proxy.memory.max.bytes) for data the interceptor is about to hold for
+// this record, such as a payload it downloads; they are given back when
+// the batch is done. It waits while the budget is full, until ctx ends.
+// Errors wrap ErrMemoryBusy.
+func (r *Record) Reserve(ctx context.Context, n int64) error { return r.led.charge(ctx, n) }
 
 // BatchInfo describes a record batch, for interceptors whose decisions
 // depend on it (large-message measures sizes with the batch's codec).
@@ -98,10 +135,22 @@ type FetchResponseInterceptor interface {
 // BatchShrinker is implemented by a ProduceRequestInterceptor that can make
 // a record smaller at any size (large-message offloads its value). When a
 // rewritten batch is over max.message.bytes, the chain calls Shrink on the
-// largest records, largest first, until the batch fits or no record shrinks.
+// records that gain most, largest first, until the batch fits or no record
+// shrinks; a shrink that does not make its record smaller (the added
+// headers outweigh the value) is undone. Shrink must defer its I/O
+// (Record.Defer): nothing is committed unless the batch then fits.
 type BatchShrinker interface {
 	// Shrink makes r smaller and reports whether it did.
 	Shrink(ctx context.Context, r *Record) (bool, error)
+}
+
+// FetchSizer is implemented by a FetchResponseInterceptor whose records
+// grow (large-message puts payloads back): GrowsBy says by how many bytes r
+// will grow, without I/O, so that the chain keeps a fetch response within
+// the consumer's limits before anything is read (KIP-74). ok false: not
+// known in advance (the record is processed, then measured).
+type FetchSizer interface {
+	GrowsBy(r *Record) (n int64, ok bool)
 }
 
 // Instance is what a Factory builds: a produce-time interceptor, a

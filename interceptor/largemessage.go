@@ -19,9 +19,18 @@ func init() { Register("large-message", newLargeMessageFromConfig) }
 // store, in the Go library's wire format (large-message header,
 // PayloadReferenceValue, ferry.payload.size / ferry.payload.sha256 headers),
 // and, as a BatchShrinker, offloads more values when the rewritten batch is
-// still over the topic's max.message.bytes. On fetch it replaces references
-// by their payloads and removes Ferry's headers, whether the proxy or the
-// Go library offloaded them.
+// still over the topic's max.message.bytes. The decision is made before
+// anything is published: the records hold their final references, and the
+// payloads are published (Deferred) only once the whole batch fits. On
+// fetch it replaces references by their payloads and removes Ferry's
+// headers, whether the proxy or the Go library offloaded them; a reference
+// is resolved only when its object belongs to the record's topic.
+//
+// A produced record that already carries a reference (a client offloaded
+// it itself) must name an object of its own topic, which is then touched;
+// one naming another topic's object is refused with INVALID_RECORD unless
+// that topic matches large.message.reference.copy.topics (default: none,
+// since the proxy's clients are untrusted), and then it is copied.
 type LargeMessage struct {
 	pattern   *regexp.Regexp
 	threshold int64 // large.message.threshold.bytes; 0 derives it
@@ -31,14 +40,15 @@ type LargeMessage struct {
 }
 
 // NewLargeMessage returns the interceptor over store (normally from
-// largemessage.Config.OpenStore) with cfg's threshold and
-// skip-not-found setting, for topics matching pattern.
+// largemessage.Config.OpenStore) with cfg's threshold, skip-not-found
+// setting and reference rules (CopyTopics, ResolveTopics), for topics
+// matching pattern.
 func NewLargeMessage(store payloadstore.PayloadStore, cfg largemessage.Config, pattern *regexp.Regexp) *LargeMessage {
 	l := &LargeMessage{pattern: pattern, threshold: cfg.Threshold, store: store,
 		sers: map[string]*largemessage.Serializer{},
-		de:   largemessage.NewDeserializer(store, cfg.SkipNotFound)}
+		de:   cfg.NewDeserializer(store)}
 	for _, c := range codecNames {
-		l.sers[c] = largemessage.NewSerializer(store, largemessage.Codec{Type: c})
+		l.sers[c] = largemessage.NewSerializer(store, largemessage.Codec{Type: c}).WithCopyTopics(cfg.CopyTopics)
 	}
 	return l
 }
@@ -46,10 +56,14 @@ func NewLargeMessage(store payloadstore.PayloadStore, cfg largemessage.Config, p
 // newLargeMessageFromConfig reads topic.pattern, side (default both) and
 // the large.message.* keys (largemessage.ParseConfig; the store URL
 // large.message.payload.store.url is required) and opens the store.
+// large.message.reference.copy.topics defaults to none here.
 func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (Instance, error) {
 	cfg, err := largemessage.ParseConfig(config)
 	if err != nil {
 		return Instance{}, err
+	}
+	if _, set := config[largemessage.KeyReferenceCopyTopics]; !set {
+		cfg.CopyTopics = nil
 	}
 	re, err := CompileTopicPattern(config[KeyTopicPattern])
 	if err != nil {
@@ -84,59 +98,83 @@ func (l *LargeMessage) limits(r *Record) largemessage.Limits {
 	return largemessage.DeriveLimits(l.threshold, int64(r.Batch.MaxMessageBytes), 0)
 }
 
+func (l *LargeMessage) serializer(r *Record) *largemessage.Serializer {
+	if ser := l.sers[r.Batch.Compression]; ser != nil {
+		return ser
+	}
+	return l.sers["none"]
+}
+
 func toKgo(r *Record) kgo.Record {
 	return kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value, Headers: r.Headers}
 }
 
 // storeErr maps a large-message error to the code the client gets: a
-// record too large even offloaded is MESSAGE_TOO_LARGE; a store failure
-// KAFKA_STORAGE_ERROR (retriable: nothing was appended).
+// record too large even offloaded is MESSAGE_TOO_LARGE; a reference the
+// record may not carry (another topic's, another store's, malformed)
+// INVALID_RECORD; a store failure KAFKA_STORAGE_ERROR (retriable: nothing
+// was appended).
 func storeErr(err error) error {
 	var se *payloadstore.Error
 	switch {
 	case errors.Is(err, largemessage.ErrRecordTooLarge):
 		return fmt.Errorf("%w: %w", kerr.MessageTooLarge, err)
+	case errors.Is(err, payloadstore.ErrInvalidPath):
+		return fmt.Errorf("%w: %w", kerr.InvalidRecord, err)
 	case errors.As(err, &se), errors.Is(err, largemessage.ErrNoPayloadStore):
 		return fmt.Errorf("%w: %w", kerr.KafkaStorageError, err)
 	}
 	return err
 }
 
-// ProcessRecord offloads r's value (then key) when the record does not fit
-// the threshold, measured exactly with the batch's codec.
+// ProcessRecord plans r's offload when the record does not fit the
+// threshold, measured exactly with the batch's codec: r gets its final
+// references at once, and the publishing is deferred until the batch fits.
 func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
+	return l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
+		return ser.PlanOffload(ctx, kr, l.limits(r))
+	})
+}
+
+// Shrink plans the offload of r's value whatever its size (BatchShrinker),
+// unless it is null or already a reference.
+func (l *LargeMessage) Shrink(ctx context.Context, r *Record) (bool, error) {
+	before := len(r.Value)
+	err := l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
+		return ser.PlanValue(ctx, kr, l.limits(r))
+	})
+	return err == nil && len(r.Value) != before, err
+}
+
+func (l *LargeMessage) plan(r *Record, plan func(*largemessage.Serializer, *kgo.Record) (*largemessage.Plan, error)) error {
 	kr := toKgo(r)
-	if err := checkReferences(&kr); err != nil {
-		return err
-	}
-	codec := r.Batch.Compression
-	ser := l.sers[codec]
-	if ser == nil {
-		ser = l.sers["none"]
-	}
-	did, err := ser.Offload(ctx, &kr, l.limits(r))
+	p, err := plan(l.serializer(r), &kr)
 	if err != nil {
 		return storeErr(err)
 	}
-	if did.Key || did.Value {
+	r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
+	if p != nil {
+		r.Defer(deferredPlan{p})
+	}
+	return nil
+}
+
+// deferredPlan publishes a planned offload once the batch fits.
+type deferredPlan struct{ p *largemessage.Plan }
+
+func (d deferredPlan) Commit(ctx context.Context, r *Record) error {
+	changed, err := d.p.Commit(ctx)
+	if err != nil {
+		return storeErr(err)
+	}
+	if changed {
+		kr := d.p.Record()
 		r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
 	}
 	return nil
 }
 
-// Shrink offloads r's value whatever its size (BatchShrinker), unless it is
-// null or already a reference.
-func (l *LargeMessage) Shrink(ctx context.Context, r *Record) (bool, error) {
-	kr := toKgo(r)
-	if kr.Value == nil || largemessage.IsOffloaded(&kr) {
-		return false, nil
-	}
-	if _, err := l.sers["none"].OffloadValue(ctx, &kr, payloadstore.BytesPayload(kr.Value)); err != nil {
-		return false, storeErr(err)
-	}
-	r.Value, r.Headers = kr.Value, kr.Headers
-	return true, nil
-}
+func (d deferredPlan) Abort(ctx context.Context) { d.p.Abort(ctx) }
 
 // fetchSide is the fetch-time half.
 type fetchSide struct{ l *LargeMessage }
@@ -144,14 +182,29 @@ type fetchSide struct{ l *LargeMessage }
 func (f fetchSide) Name() string                 { return "large-message" }
 func (f fetchSide) TopicPattern() *regexp.Regexp { return f.l.pattern }
 
-// ProcessRecord resolves r's references (largemessage.Deserializer.Resolve).
+// GrowsBy implements FetchSizer: a reference grows by its payload's size,
+// read from the record's size header (the digest check stops a download
+// that passes it), less the reference it replaces.
+func (f fetchSide) GrowsBy(r *Record) (int64, bool) {
+	kr := toKgo(r)
+	return largemessage.ResolvedGrowth(&kr)
+}
+
+// ProcessRecord resolves r's references (largemessage.Deserializer.Resolve),
+// after reserving the payloads' size in the memory budget.
 // With large.message.skip.not.found.error a missing payload leaves a null
 // value and the record passes; other errors (store down, corrupt reference,
-// digest mismatch) fail the partition's fetch with KAFKA_STORAGE_ERROR.
+// another topic's object, digest mismatch) fail the partition's fetch with
+// KAFKA_STORAGE_ERROR.
 func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
 	kr := toKgo(r)
 	if !largemessage.IsOffloaded(&kr) && !largemessage.IsKeyOffloaded(&kr) {
 		return nil
+	}
+	if n, ok := largemessage.ResolvedGrowth(&kr); ok {
+		if err := r.Reserve(ctx, n); err != nil {
+			return err
+		}
 	}
 	kr.Offset = r.Offset
 	err := f.l.de.Resolve(ctx, &kr)
@@ -160,25 +213,5 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
 		return err
 	}
 	r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
-	return nil
-}
-
-// checkReferences refuses a record that arrives marked large-message (or
-// large-message-key) but whose value (or key) is not a PayloadReferenceValue:
-// appended, it would stop every consumer reading through the proxy at that
-// offset. Found by review. Errors wrap kerr.InvalidRecord.
-func checkReferences(kr *kgo.Record) error {
-	for _, side := range []struct {
-		marked bool
-		b      []byte
-		name   string
-	}{{largemessage.IsKeyOffloaded(kr), kr.Key, "key"}, {largemessage.IsOffloaded(kr), kr.Value, "value"}} {
-		if !side.marked {
-			continue
-		}
-		if _, err := largemessage.DecodeReference(side.b); err != nil {
-			return fmt.Errorf("%w: the record is marked as offloaded but its %s is not a PayloadReferenceValue: %v", kerr.InvalidRecord, side.name, err)
-		}
-	}
 	return nil
 }

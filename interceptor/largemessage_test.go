@@ -263,14 +263,51 @@ func TestLargeMessageTransactional(t *testing.T) {
 	}
 }
 
-// Found by review: a record marked large-message whose value is not a
-// reference is refused on produce (INVALID_RECORD), so it can never stop the
-// consumers of its partition.
+// A record marked large-message whose value is not a reference (stale
+// headers kept by a dead-letter pattern, or forged) is produced as a plain
+// record: the stale headers go, so it can never stop the consumers of its
+// partition. A reference into another topic's object is refused
+// (INVALID_RECORD): a client allowed on one topic cannot read another's
+// payloads through the proxy.
 func TestLargeMessageRefusesForgedReference(t *testing.T) {
 	in, _ := lmSetup(t, nil)
 	r := &Record{Topic: "big", Value: []byte("garbage"), Headers: []Header{{Key: "large-message", Value: []byte("true")}}}
-	err := in.Produce.ProcessRecord(context.Background(), r)
-	if !errors.Is(err, kerr.InvalidRecord) {
-		t.Fatalf("forged reference: %v, want INVALID_RECORD", err)
+	if err := in.Produce.ProcessRecord(context.Background(), r); err != nil || len(r.Headers) != 0 || string(r.Value) != "garbage" {
+		t.Fatalf("stale header: %v, headers %v", err, r.Headers)
 	}
+	// A real object of topic "secret", referenced from a record of "big".
+	_, store := lmSetup(t, nil)
+	in, _ = lmSetupStore(t, store)
+	resp, err := payloadstore.PublishBytes(context.Background(), store, "secret", []byte("the secret payload"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := largemessage.PayloadReferenceValue{FullPayloadPath: resp.FullPayloadPath, PayloadStoreClass: store.Class()}.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := &Record{Topic: "big", Value: ref, Headers: []Header{{Key: "large-message", Value: []byte("true")}}}
+	if err := in.Produce.ProcessRecord(context.Background(), forged); !errors.Is(err, kerr.InvalidRecord) || !errors.Is(err, payloadstore.ErrWrongTopic) {
+		t.Fatalf("a reference into topic secret produced to big: %v, want INVALID_RECORD", err)
+	}
+	// On fetch too: a record of big naming secret's object is not resolved.
+	fetched := &Record{Topic: "big", Value: ref, Headers: []Header{{Key: "large-message", Value: []byte("true")}}}
+	if err := in.Fetch.ProcessRecord(context.Background(), fetched); !errors.Is(err, payloadstore.ErrWrongTopic) || bytes.Contains(fetched.Value, []byte("secret payload")) {
+		t.Fatalf("fetch of a reference into topic secret: %v", err)
+	}
+}
+
+// lmSetupStore is lmSetup over an existing store's URL.
+func lmSetupStore(t *testing.T, store payloadstore.PayloadStore) (Instance, payloadstore.PayloadStore) {
+	t.Helper()
+	ops, err := payloadstore.Objects(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := New(context.Background(), "large-message", map[string]string{largemessage.KeyStoreURL: string(ops.Root()), KeyTopicPattern: "big.*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = in.Close() })
+	return in, store
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"sync"
 
+	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -39,7 +42,17 @@ type ProduceOutcome struct {
 	Forward bool
 	// Rewritten counts the partitions whose record batches were re-encoded.
 	Rewritten int
+
+	// committed is the deferred work done for each forwarded partition,
+	// undone by Refused when the broker refuses the partition for good.
+	committed map[FetchPartition][]Deferred
+	// led holds the memory of the rewritten batches until Release.
+	led *ledger
 }
+
+// maxParallelPartitions bounds how many partitions of one produce request
+// are intercepted at once.
+const maxParallelPartitions = 8
 
 // InterceptProduce runs the chain's produce interceptors over req, in place.
 //
@@ -49,64 +62,78 @@ type ProduceOutcome struct {
 // record count recomputed; same codec; attributes, producer id/epoch and
 // base sequence kept) and otherwise keep their bytes. A partition that
 // fails, or whose records were all skipped, is removed from req and
-// reported in the outcome. limits gives a topic's max.message.bytes (ok
-// false when unknown: no size check, the broker's own check applies);
-// every batch of a matching topic is checked against it, exactly:
-// over is MESSAGE_TOO_LARGE, after the BatchShrinker interceptors (large-
-// message) had their chance.
+// reported in the outcome. limits gives the max.message.bytes of the
+// matching topics, asked for all at once (a topic missing from the answer,
+// or 0: unknown; no size check, the broker's own check applies); every
+// batch of a matching topic is checked against it, exactly: over is
+// MESSAGE_TOO_LARGE, after the BatchShrinker interceptors (large-message)
+// had their chance. The interceptors' deferred work (large-message's
+// publishing) is committed only for partitions whose every batch fits, so a
+// refused partition leaves nothing behind.
+//
+// A topic named by id (Produce v13+) that the chain cannot name is refused
+// with UNKNOWN_TOPIC_ID: records are never forwarded uninspected when an
+// interceptor could match them.
 //
 // Error codes: a v0/v1 message set UNSUPPORTED_FOR_MESSAGE_FORMAT; a
-// malformed batch or bad CRC CORRUPT_MESSAGE; an interceptor's error the
+// malformed batch or bad CRC CORRUPT_MESSAGE; a batch or request that
+// decompresses past its bound MESSAGE_TOO_LARGE; the memory budget busy
+// for the whole time budget REQUEST_TIMED_OUT; an interceptor's error the
 // *kerr.Error it wraps, else INVALID_RECORD with record_errors; a skip in a
 // batch with a producer id INVALID_RECORD; a call over the time budget
 // REQUEST_TIMED_OUT.
 //
 // The proxy's contract: call InterceptProduce on the decoded request; if
 // Forward, encode and forward req and, on the broker's response, call
-// Merge before answering the client; if not Forward, answer with
-// Response(req) without contacting the broker. With acks=0 neither
-// answer is sent (the producer expects none). The request's buffer must stay
+// Merge (and Refused for partitions it failed) before answering the client;
+// if not Forward, answer with Response(req) without contacting the broker.
+// With acks=0 neither answer is sent (the producer expects none). Call
+// Release once the request is encoded. The request's buffer must stay
 // unchanged until InterceptProduce returns: timed-out calls that are still
 // running only read it and their results are discarded.
-// maxParallelPartitions bounds how many partitions of one produce request
-// are intercepted at once.
-const maxParallelPartitions = 8
-
-func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(topic string) (maxMessageBytes int32, ok bool)) ProduceOutcome {
-	var out ProduceOutcome
+func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(topics []string) map[string]int32) ProduceOutcome {
+	out := ProduceOutcome{committed: map[FetchPartition][]Deferred{}, led: c.ledger(nil)}
 	if len(c.produce) == 0 {
 		out.Forward = len(req.Topics) > 0
 		return out
 	}
-	// Partitions are processed concurrently (at most maxParallelPartitions
-	// at a time), each within its own time budget: a request of many
-	// partitions takes about one budget, not one per partition. Found by
-	// review.
 	type result struct {
-		v any
+		v *partitionResult
 		f *failure
 	}
 	names := make([]string, len(req.Topics))
+	procs := make([][]proc, len(req.Topics))
+	shrinkers := make([][]BatchShrinker, len(req.Topics))
+	unnamed := make([]bool, len(req.Topics))
+	var matching []string
+	for ti, t := range req.Topics {
+		name, ok := c.topicName(t.Topic, t.TopicID)
+		if !ok {
+			unnamed[ti] = true
+			continue
+		}
+		names[ti] = name
+		procs[ti], shrinkers[ti] = c.produceProcs(name)
+		if len(procs[ti]) > 0 && !slices.Contains(matching, name) {
+			matching = append(matching, name)
+		}
+	}
+	var maxBytes map[string]int32
+	if limits != nil && len(matching) > 0 {
+		maxBytes = limits(matching)
+	}
+	// Partitions are processed concurrently (at most maxParallelPartitions
+	// at a time), each within its own time budget: a request of many
+	// partitions takes about one budget, not one per partition.
+	bnds := c.newBounds()
 	results := make([][]result, len(req.Topics))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelPartitions)
 	for ti, t := range req.Topics {
-		name, ok := c.topicName(t.Topic, t.TopicID)
-		var ps []proc
-		var shrinkers []BatchShrinker
-		if ok {
-			ps, shrinkers = c.produceProcs(name)
-		}
-		if len(ps) == 0 {
+		if len(procs[ti]) == 0 {
 			continue
 		}
-		names[ti] = name
-		var maxBytes int32
-		if limits != nil {
-			if m, ok := limits(name); ok && m > 0 {
-				maxBytes = m
-			}
-		}
+		name, ps, shr, mb := names[ti], procs[ti], shrinkers[ti], maxBytes[names[ti]]
 		results[ti] = make([]result, len(t.Partitions))
 		for pi, p := range t.Partitions {
 			wg.Add(1)
@@ -114,32 +141,46 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				v, f := c.run(ctx, func(ctx context.Context, w *watch) (any, *failure) {
-					return c.producePartition(ctx, w, name, p.Partition, p.Records, ps, shrinkers, maxBytes)
+				led := c.ledger(bnds)
+				v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
+					return c.producePartition(ctx, w, led, name, p.Partition, p.Records, ps, shr, mb)
 				})
-				results[ti][pi] = result{v, f}
+				pr, _ := v.(*partitionResult)
+				results[ti][pi] = result{pr, f}
 			}()
 		}
 	}
 	wg.Wait()
 	topics := req.Topics[:0]
 	for ti, t := range req.Topics {
+		if unnamed[ti] {
+			err := fmt.Errorf("the proxy cannot name topic id %x, so its records cannot be inspected by the interceptors; not forwarded", t.TopicID)
+			for _, p := range t.Partitions {
+				out.Answered = append(out.Answered, ProducePartitionResult{TopicID: t.TopicID, Partition: p.Partition,
+					ErrorCode: kerr.UnknownTopicID.Code, ErrorMessage: err.Error(), Err: err})
+			}
+			continue
+		}
 		if results[ti] == nil {
 			topics = append(topics, t)
 			continue
 		}
 		parts := t.Partitions[:0]
 		for pi, p := range t.Partitions {
-			v, f := results[ti][pi].v, results[ti][pi].f
-			if f != nil {
+			r := results[ti][pi]
+			if r.f != nil {
 				out.Answered = append(out.Answered, ProducePartitionResult{Topic: t.Topic, TopicID: t.TopicID,
-					Partition: p.Partition, ErrorCode: f.code, ErrorMessage: f.msg, RecordErrors: f.records, Err: f.err})
+					Partition: p.Partition, ErrorCode: r.f.code, ErrorMessage: r.f.msg, RecordErrors: r.f.records, Err: r.f.err})
 				continue
 			}
-			if nb := v.([]byte); len(nb) != len(p.Records) || len(nb) > 0 && &nb[0] != &p.Records[0] {
-				p.Records = nb
+			if r.v.changed {
+				p.Records = r.v.records
 				out.Rewritten++
 			}
+			if len(r.v.committed) > 0 {
+				out.committed[FetchPartition{t.Topic, t.TopicID, p.Partition}] = r.v.committed
+			}
+			out.led.adopt(r.v.led)
 			parts = append(parts, p)
 		}
 		if len(parts) > 0 {
@@ -152,37 +193,127 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	return out
 }
 
-// producePartition rewrites one partition's records; the returned slice is
-// records itself when nothing changed.
-func (c *Chain) producePartition(ctx context.Context, w *watch, topic string, partition int32, records []byte,
+// Release gives back the memory held for the rewritten batches; call it
+// once the request is encoded.
+func (o *ProduceOutcome) Release() { o.led.release() }
+
+// partitionResult is a partition that passed the interceptors.
+type partitionResult struct {
+	records   []byte
+	changed   bool
+	committed []Deferred
+	led       *ledger // holds the rewritten batches' memory
+}
+
+// batchWork is one batch of a partition between planning and committing.
+type batchWork struct {
+	d        *decodedBatch
+	raw, enc []byte
+	info     BatchInfo
+	deferred map[int][]namedDeferred // by record index in d.recs
+}
+
+// producePartition rewrites one partition's records: every batch is run
+// through the interceptors and checked against maxBytes, then the deferred
+// work of all of them is committed (and checked again when a commit changed
+// a record). Any failure undoes what was committed.
+func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, records []byte,
 	ps []proc, shrinkers []BatchShrinker, maxBytes int32) (any, *failure) {
-	where := fmt.Sprintf("topic %s partition %d", topic, partition)
-	var out []byte
+	where := func(f *failure) (any, *failure) {
+		f.msg = fmt.Sprintf("topic %s partition %d: %s", topic, partition, f.msg)
+		return nil, f
+	}
+	var works []*batchWork
+	defer func() {
+		for _, bw := range works {
+			bw.d.done(led)
+		}
+	}()
 	changed := false
 	rest := records
 	for len(rest) > 0 {
 		raw, next, complete := splitBatch(rest)
 		if !complete {
-			return nil, fail(kerr.CorruptMessage.Code, fmt.Errorf("%s: truncated record batch (%d bytes left)", where, len(rest)))
+			return where(fail(kerr.CorruptMessage.Code, fmt.Errorf("truncated record batch (%d bytes left)", len(rest))))
 		}
 		rest = next
-		nb, f := c.produceBatch(ctx, w, topic, partition, raw, ps, shrinkers, maxBytes)
+		bw, f := c.produceBatch(ctx, w, led, topic, partition, raw, ps, shrinkers, maxBytes)
 		if f != nil {
-			f.msg = where + ": " + f.msg
-			return nil, f
+			return where(f)
 		}
-		if len(nb) != len(raw) || len(nb) > 0 && &nb[0] != &raw[0] {
+		if bw == nil {
+			changed = true // every record skipped
+			continue
+		}
+		if len(bw.enc) != len(raw) || &bw.enc[0] != &raw[0] {
 			changed = true
 		}
-		out = append(out, nb...)
+		works = append(works, bw)
 	}
-	if !changed {
-		return records, nil
-	}
-	if len(out) == 0 {
+	if len(works) == 0 {
 		return nil, &failure{code: 0, msg: "every record was skipped by an interceptor"}
 	}
-	return out, nil
+	committed, reencoded, f := c.commitPartition(ctx, w, led, topic, partition, works, maxBytes)
+	if f != nil {
+		return where(f)
+	}
+	res := &partitionResult{records: records, committed: committed, led: led}
+	if changed || reencoded {
+		var out []byte
+		for _, bw := range works {
+			out = append(out, bw.enc...)
+		}
+		res.records, res.changed = out, true
+	}
+	return res, nil
+}
+
+// commitPartition commits the deferred work of works, in order; a commit
+// that changed its record gets the batch re-encoded and checked again.
+// On failure everything committed is aborted.
+func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, works []*batchWork, maxBytes int32) (done []Deferred, reencoded bool, _ *failure) {
+	abort := func(f *failure) ([]Deferred, bool, *failure) {
+		for _, d := range done {
+			d.Abort(ctx)
+		}
+		return nil, false, f
+	}
+	for _, bw := range works {
+		dirty := false
+		idx := make([]int, 0, len(bw.deferred))
+		for i := range bw.deferred {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		for _, i := range idx {
+			kr := &bw.d.recs[i]
+			r := toRecord(topic, partition, &bw.d.hdr, bw.info, kr, i, false)
+			for _, d := range bw.deferred[i] {
+				err := c.call(ctx, w, proc{name: d.name, call: d.d.Commit}, i, &r)
+				if err != nil {
+					msg := fmt.Sprintf("interceptor %s failed record %d: %v", d.name, i, err)
+					return abort(&failure{code: codeOf(err, kerr.KafkaStorageError.Code), msg: msg, err: err,
+						records: []kmsg.ProduceResponseTopicPartitionErrorRecord{recordError(i, msg)}})
+				}
+				done = append(done, d.d)
+			}
+			if apply(&r, kr) {
+				dirty = true
+			}
+		}
+		if !dirty {
+			continue
+		}
+		enc, err := bw.d.encode(ctx, led)
+		if err != nil {
+			return abort(fail(kerr.UnknownServerError.Code, err))
+		}
+		if maxBytes > 0 && len(enc) > int(maxBytes) {
+			return abort(fail(kerr.MessageTooLarge.Code, fmt.Errorf("the record batch is %d bytes after the payload store's answers, over the topic's max.message.bytes %d", len(enc), maxBytes)))
+		}
+		bw.enc, reencoded = enc, true
+	}
+	return done, reencoded, nil
 }
 
 func batchFailure(err error) *failure {
@@ -190,29 +321,40 @@ func batchFailure(err error) *failure {
 	switch {
 	case errors.Is(err, errMagic):
 		return fail(kerr.UnsupportedForMessageFormat.Code, err)
+	case errors.Is(err, ErrDecompressedTooLarge):
+		return fail(kerr.MessageTooLarge.Code, err)
+	case errors.Is(err, ErrMemoryBusy):
+		return fail(kerr.RequestTimedOut.Code, err)
 	case errors.As(err, &eb):
 		return fail(kerr.CorruptMessage.Code, err)
 	}
 	return fail(kerr.UnknownServerError.Code, err)
 }
 
-// produceBatch runs the interceptors over one batch. It returns raw when
-// nothing changed, nil when every record was skipped.
-func (c *Chain) produceBatch(ctx context.Context, w *watch, topic string, partition int32, raw []byte,
-	ps []proc, shrinkers []BatchShrinker, maxBytes int32) ([]byte, *failure) {
-	d, err := decodeBatch(raw)
+// produceBatch runs the interceptors over one batch, shrinks it if needed
+// and checks its size. It returns nil when every record was skipped; the
+// batch's encoding is raw when nothing changed.
+func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic string, partition int32, raw []byte,
+	ps []proc, shrinkers []BatchShrinker, maxBytes int32) (bw *batchWork, f *failure) {
+	d, err := decodeBatch(ctx, led, raw)
 	if err != nil {
 		return nil, batchFailure(err)
 	}
 	if d.hdr.Attributes&attrControl != 0 {
-		return raw, nil // control batches (transaction markers) pass untouched
+		return &batchWork{d: d, raw: raw, enc: raw}, nil // control batches (transaction markers) pass untouched
 	}
-	info := batchInfo(&d.hdr, maxBytes)
+	defer func() {
+		if f != nil {
+			d.done(led)
+		}
+	}()
+	bw = &batchWork{d: d, raw: raw, info: batchInfo(&d.hdr, maxBytes), deferred: map[int][]namedDeferred{}}
 	dirty, skipped := false, false
 	keep := d.recs[:0:0]
 	for i := range d.recs {
 		kr := &d.recs[i]
-		r := toRecord(topic, partition, &d.hdr, info, kr, i, false)
+		r := toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
+		r.led = led
 		skip := false
 		for _, p := range ps {
 			err := c.call(ctx, w, p, i, &r)
@@ -239,32 +381,36 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, topic string, partit
 		if apply(&r, kr) {
 			dirty = true
 		}
+		if len(r.deferred) > 0 {
+			bw.deferred[len(keep)] = r.deferred
+		}
 		keep = append(keep, *kr)
 	}
 	if skipped {
 		if len(keep) == 0 {
+			d.done(led)
 			return nil, nil
 		}
 		renumber(&d.hdr, keep)
 	}
 	d.recs = keep
-	enc := raw
+	bw.enc = raw
 	if dirty {
-		if enc, err = d.encode(); err != nil {
-			return nil, fail(kerr.UnknownServerError.Code, err)
+		if bw.enc, err = d.encode(ctx, led); err != nil {
+			return nil, batchFailure(err)
 		}
 	}
-	if maxBytes > 0 && len(enc) > int(maxBytes) && len(shrinkers) > 0 {
-		if enc, err = c.shrink(ctx, w, topic, partition, d, info, shrinkers, enc, maxBytes); err != nil {
+	if maxBytes > 0 && len(bw.enc) > int(maxBytes) && len(shrinkers) > 0 {
+		if err := c.shrink(ctx, w, led, topic, partition, bw, shrinkers, maxBytes); err != nil {
 			return nil, &failure{code: codeOf(err, kerr.InvalidRecord.Code), msg: err.Error(), err: err}
 		}
 	}
-	if maxBytes > 0 && len(enc) > int(maxBytes) {
-		err := fmt.Errorf("the record batch is %d bytes (%s, %d records) after interceptors, over the topic's max.message.bytes %d",
-			len(enc), info.Compression, len(d.recs), maxBytes)
+	if maxBytes > 0 && len(bw.enc) > int(maxBytes) {
+		err := fmt.Errorf("the record batch is %d bytes (%s, %d records) after interceptors, over the topic's max.message.bytes %d; nothing was published",
+			len(bw.enc), bw.info.Compression, len(d.recs), maxBytes)
 		return nil, fail(kerr.MessageTooLarge.Code, err)
 	}
-	return enc, nil
+	return bw, nil
 }
 
 func recordError(i int, msg string) kmsg.ProduceResponseTopicPartitionErrorRecord {
@@ -291,26 +437,39 @@ func renumber(h *kmsg.RecordBatch, recs []kmsg.Record) {
 	h.LastOffsetDelta = int32(len(recs) - 1)
 }
 
-// shrink asks the shrinkers to make records smaller, largest first, until
-// the batch fits maxBytes or no record shrinks; each step is measured
-// exactly by encoding the batch.
-func (c *Chain) shrink(ctx context.Context, w *watch, topic string, partition int32, d *decodedBatch, info BatchInfo,
-	shrinkers []BatchShrinker, enc []byte, maxBytes int32) ([]byte, error) {
-	idx := make([]int, len(d.recs))
-	for i := range idx {
-		idx[i] = i
+// encodedLen is a record's length inside a batch's records section.
+func encodedLen(r *kmsg.Record) int {
+	r.Length = 0
+	n := len(r.AppendTo(nil)) - 1
+	return n + kbin.VarintLen(int32(n))
+}
+
+// shrink asks the shrinkers to make records smaller, those that gain most
+// first, until the batch fits maxBytes or no record gains; a shrink that
+// does not make its record smaller is undone (its deferred work dropped, so
+// nothing is published for it). Records that already have deferred work
+// are left alone. Each round is measured exactly by encoding the batch.
+func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string, partition int32, bw *batchWork,
+	shrinkers []BatchShrinker, maxBytes int32) error {
+	d := bw.d
+	idx := make([]int, 0, len(d.recs))
+	for i := range d.recs {
+		if len(bw.deferred[i]) == 0 {
+			idx = append(idx, i)
+		}
 	}
 	bySize(d.recs, idx)
 	next := 0
-	for len(enc) > int(maxBytes) && next < len(idx) {
-		over := len(enc) - int(maxBytes)
+	for len(bw.enc) > int(maxBytes) && next < len(idx) {
+		over := len(bw.enc) - int(maxBytes)
 		freed := 0
 		for next < len(idx) && freed < over {
 			i := idx[next]
 			next++
 			kr := &d.recs[i]
-			r := toRecord(topic, partition, &d.hdr, info, kr, i, false)
-			before := len(r.Key) + len(r.Value)
+			before := encodedLen(kr)
+			r := toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
+			r.led = led
 			for _, s := range shrinkers {
 				var did bool
 				name := fmt.Sprintf("%T", s)
@@ -323,25 +482,36 @@ func (c *Chain) shrink(ctx context.Context, w *watch, topic string, partition in
 					return err
 				}}, i, &r)
 				if err != nil {
-					return nil, fmt.Errorf("making record %d smaller to fit max.message.bytes %d: %w", i, maxBytes, err)
+					return fmt.Errorf("making record %d smaller to fit max.message.bytes %d: %w", i, maxBytes, err)
 				}
 				if did {
 					break
 				}
 			}
-			if apply(&r, kr) {
-				freed += before - len(r.Key) - len(r.Value)
+			saved := *kr
+			saved.Headers = slices.Clone(kr.Headers) // apply reuses the slice
+			if !apply(&r, kr) {
+				continue
+			}
+			if gain := before - encodedLen(kr); gain > 0 {
+				freed += gain
+				if len(r.deferred) > 0 {
+					bw.deferred[i] = r.deferred
+				}
+			} else {
+				*kr = saved // offloading would make it larger: keep it inline
 			}
 		}
 		if freed == 0 {
 			break // no record could be made smaller
 		}
-		var err error
-		if enc, err = d.encode(); err != nil {
-			return nil, err
+		enc, err := d.encode(ctx, led)
+		if err != nil {
+			return err
 		}
+		bw.enc = enc
 	}
-	return enc, nil
+	return nil
 }
 
 // Merge adds the answered partitions to the broker's response to the
@@ -377,6 +547,48 @@ func (o ProduceOutcome) Merge(resp *kmsg.ProduceResponse) {
 		}
 		t.Partitions = append(t.Partitions, p)
 	}
+}
+
+// notAppended are the produce error codes with which the broker appended
+// none of the partition's records: the objects published for them are
+// referenced by nothing. (REQUEST_TIMED_OUT and
+// NOT_ENOUGH_REPLICAS_AFTER_APPEND may come after an append, and are not
+// here.)
+var notAppended = map[int16]bool{
+	kerr.CorruptMessage.Code: true, kerr.UnknownTopicOrPartition.Code: true, kerr.NotLeaderForPartition.Code: true,
+	kerr.MessageTooLarge.Code: true, kerr.RecordListTooLarge.Code: true, kerr.NotEnoughReplicas.Code: true,
+	kerr.InvalidRequiredAcks.Code: true, kerr.TopicAuthorizationFailed.Code: true, kerr.ClusterAuthorizationFailed.Code: true,
+	kerr.TransactionalIDAuthorizationFailed.Code: true, kerr.InvalidProducerEpoch.Code: true, kerr.OutOfOrderSequenceNumber.Code: true,
+	kerr.DuplicateSequenceNumber.Code: true, kerr.InvalidTxnState.Code: true, kerr.UnsupportedForMessageFormat.Code: true,
+	kerr.PolicyViolation.Code: true, kerr.InvalidRecord.Code: true, kerr.InvalidTimestamp.Code: true,
+	kerr.InvalidProducerIDMapping.Code: true, kerr.UnknownProducerID.Code: true, kerr.FencedLeaderEpoch.Code: true,
+	kerr.UnknownLeaderEpoch.Code: true, kerr.UnknownTopicID.Code: true, kerr.InvalidTopicException.Code: true,
+	kerr.KafkaStorageError.Code: true, kerr.TransactionAbortable.Code: true,
+}
+
+// Refused undoes the deferred work of the partitions of resp that the
+// broker refused for good (an error code with which nothing is appended):
+// the payloads published for their records are deleted (except content
+// ids), so retries leave nothing behind. It returns how many partitions
+// were undone.
+func (o ProduceOutcome) Refused(ctx context.Context, resp *kmsg.ProduceResponse) int {
+	n := 0
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if !notAppended[p.ErrorCode] {
+				continue
+			}
+			k := FetchPartition{t.Topic, t.TopicID, p.Partition}
+			for _, d := range o.committed[k] {
+				d.Abort(ctx)
+			}
+			if len(o.committed[k]) > 0 {
+				n++
+			}
+			delete(o.committed, k)
+		}
+	}
+	return n
 }
 
 // Response is the whole answer to req when nothing was forwarded (Forward

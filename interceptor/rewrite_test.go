@@ -435,7 +435,7 @@ func plainBatch(t *testing.T, attrs int16, producerID int64, values ...string) [
 	for i, v := range values {
 		d.recs = append(d.recs, kmsg.Record{OffsetDelta: int32(i), TimestampDelta64: int64(i), Value: []byte(v)})
 	}
-	b, err := d.encode()
+	b, err := d.encode(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -265,3 +265,27 @@ func (v *verifier) Read(p []byte) (int, error) {
 }
 
 func (v *verifier) Close() error { return v.rc.Close() }
+
+// ResolvedGrowth says by how many bytes resolving rec will change its key
+// and value, from the size headers Ferry writes (the payloads' sizes less
+// the references'), without I/O. ok is false when a referenced side has no
+// size header (a KIP-only producer) or a malformed one. The headers are the
+// producer's word, but a download is checked against them (size and
+// SHA-256): a payload cannot come back larger than its header says.
+func ResolvedGrowth(rec *kgo.Record) (n int64, ok bool) {
+	for _, sd := range []side{keySide, valueSide} {
+		if !marked(rec.Headers, sd.marker) {
+			continue
+		}
+		size, _, has, err := expected(rec.Headers, sd)
+		if err != nil || !has {
+			return 0, false
+		}
+		ref := rec.Value
+		if sd == keySide {
+			ref = rec.Key
+		}
+		n += size - int64(len(ref))
+	}
+	return n, true
+}

@@ -503,3 +503,6 @@ func (s *Serializer) offloadAll(ctx context.Context, rec *kgo.Record, l Limits) 
 	}
 	return p.commitChecked(ctx, l)
 }
+
+// Record returns the record the plan rewrites.
+func (p *Plan) Record() *kgo.Record { return p.rec }

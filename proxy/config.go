@@ -76,9 +76,54 @@ type Config struct {
 	// the cluster for the interceptors' exact size check, is cached
 	// (`topic.config.refresh.ms`, default 60000).
 	TopicConfigRefresh time.Duration
+	// MaxConnections bounds the client connections open at once
+	// (`max.connections`, default 1000); one more is closed at accept.
+	MaxConnections int
+	// MaxConnectionsPerIP bounds the client connections from one address
+	// (`max.connections.per.ip`, default: MaxConnections).
+	MaxConnectionsPerIP int
+	// MaxInFlight bounds the requests of one client connection forwarded
+	// and not yet answered (`max.in.flight.requests.per.connection`,
+	// default 512); the proxy stops reading that client meanwhile.
+	MaxInFlight int
+	// MemoryMax bounds the bytes the proxy's variable buffers hold at once,
+	// shared by all connections (`proxy.memory.max.bytes`, default 512 MiB,
+	// at least socket.request.max.bytes): frames read whole (requests the
+	// proxy decodes, responses it rewrites) and the interceptors' work. A
+	// request waits for room (the proxy stops reading its client, as Kafka
+	// does with queued.max.request.bytes); an interceptor that finds no
+	// room within its time budget fails its partition (docs/SECURITY.md).
+	MemoryMax int64
+	// BatchDecompressedMax and RequestDecompressedMax bound what one record
+	// batch, and all batches of one request or fetch response, may
+	// decompress to (`interceptor.batch.decompressed.max.bytes`, default
+	// 100 MiB; `interceptor.request.decompressed.max.bytes`, default
+	// 200 MiB).
+	BatchDecompressedMax, RequestDecompressedMax int64
+	// UpstreamSASL authenticates the proxy's own admin client (topic
+	// configs and ids) and, when set, marks the upstream listener as one
+	// that requires SASL: interceptors then run only for client
+	// connections the broker has authenticated (`upstream.sasl.*`).
+	UpstreamSASL SASLConfig
 	// Logger receives the proxy's structured logs; nil: slog.Default().
 	Logger *slog.Logger
 }
+
+// SASLConfig is the proxy's own SASL login to the upstream cluster.
+type SASLConfig struct {
+	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	// (`upstream.sasl.mechanism`); empty: none.
+	Mechanism string
+	// Username and Password (`upstream.sasl.username`,
+	// `upstream.sasl.password`).
+	Username, Password string
+}
+
+// Defaults of the connection bounds.
+const (
+	DefaultMaxConnections = 1000
+	DefaultMaxInFlight    = 512
+)
 
 // DefaultShutdownTimeout bounds the drain on shutdown (shutdown.timeout.ms).
 const DefaultShutdownTimeout = 30 * time.Second
@@ -115,6 +160,18 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConnectionsPerIP == 0 {
+		c.MaxConnectionsPerIP = c.MaxConnections
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.MemoryMax == 0 {
+		c.MemoryMax = max(interceptor.DefaultMemoryMax, int64(c.MaxRequestBytes)+int64(c.MaxRequestBytes)/2)
 	}
 }
 
@@ -158,6 +215,23 @@ func (c *Config) Validate() error {
 	}
 	if (c.UpstreamTLS.Cert == "") != (c.UpstreamTLS.Key == "") {
 		return errors.New("tls.upstream: cert and key go together")
+	}
+	if c.MaxConnections < 0 || c.MaxConnectionsPerIP < 0 || c.MaxInFlight < 0 {
+		return errors.New("max.connections, max.connections.per.ip and max.in.flight.requests.per.connection must be positive")
+	}
+	if c.MemoryMax != 0 && c.MemoryMax < int64(c.MaxRequestBytes) {
+		return fmt.Errorf("proxy.memory.max.bytes (%d) must be at least socket.request.max.bytes (%d): a request is read whole within it", c.MemoryMax, c.MaxRequestBytes)
+	}
+	if c.BatchDecompressedMax < 0 || c.RequestDecompressedMax < 0 {
+		return errors.New("interceptor.batch.decompressed.max.bytes and interceptor.request.decompressed.max.bytes must be positive")
+	}
+	switch strings.ToUpper(c.UpstreamSASL.Mechanism) {
+	case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+	default:
+		return fmt.Errorf("upstream.sasl.mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.UpstreamSASL.Mechanism)
+	}
+	if c.UpstreamSASL.Mechanism != "" && c.UpstreamSASL.Username == "" {
+		return errors.New("upstream.sasl.username is required with upstream.sasl.mechanism")
 	}
 	return nil
 }
@@ -230,6 +304,9 @@ var configKeys = []string{
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
 	"interceptors", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
+	"max.connections", "max.connections.per.ip", "max.in.flight.requests.per.connection", "proxy.memory.max.bytes",
+	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
+	"upstream.sasl.mechanism", "upstream.sasl.username", "upstream.sasl.password",
 }
 
 // LoadConfigFile reads a YAML config file with koanf. Keys may be nested
@@ -323,6 +400,13 @@ func LoadConfigFile(path string) (Config, error) {
 	}
 	c.InterceptorTimeout = time.Duration(num("produce.request.interceptor.timeout.ms", 1<<31-1)) * time.Millisecond
 	c.TopicConfigRefresh = time.Duration(num("topic.config.refresh.ms", 1<<31-1)) * time.Millisecond
+	c.MaxConnections = int(num("max.connections", 1<<31-1))
+	c.MaxConnectionsPerIP = int(num("max.connections.per.ip", 1<<31-1))
+	c.MaxInFlight = int(num("max.in.flight.requests.per.connection", 1<<20))
+	c.MemoryMax = num("proxy.memory.max.bytes", 1<<62)
+	c.BatchDecompressedMax = num("interceptor.batch.decompressed.max.bytes", 1<<62)
+	c.RequestDecompressedMax = num("interceptor.request.decompressed.max.bytes", 1<<62)
+	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: str("upstream.sasl.username"), Password: str("upstream.sasl.password")}
 	specs, err := interceptorSpecs(k.Get("interceptors"))
 	if err != nil {
 		errs = append(errs, err)

@@ -21,9 +21,15 @@ import (
 	"github.com/ferrykit/ferry/interceptor"
 )
 
-// maxInFlight bounds the requests read from one client and not yet answered;
-// the proxy stops reading that client while the queue is full.
-const maxInFlight = 512
+// API keys the proxy looks at, by name.
+var (
+	keyProduce                 = kmsg.Produce.Int16()
+	keyFetch                   = kmsg.Fetch.Int16()
+	keyMetadata                = kmsg.Metadata.Int16()
+	keySASLHandshake           = kmsg.SASLHandshake.Int16()
+	keySASLAuthenticate        = kmsg.SASLAuthenticate.Int16()
+	keyDescribeTopicPartitions = kmsg.DescribeTopicPartitions.Int16()
+)
 
 // inflight is one request waiting for its response.
 type inflight struct {
@@ -31,28 +37,37 @@ type inflight struct {
 	corr         int32
 	start        time.Time
 	local        []byte // a response frame the proxy answers itself (KIP-511, interceptors)
-	// produce: the partitions the interceptors answered, merged into the
-	// broker's Produce response (nil: none).
+	// produce: what the interceptors did to a Produce request: partitions
+	// they answered (merged into the broker's response) and the work they
+	// committed (undone for partitions the broker refuses).
 	produce *interceptor.ProduceOutcome
-	// fetchLimits: a Fetch request's max_bytes and partition_max_bytes,
-	// which the fetch interceptors keep the rewritten response within.
+	// fetchLimits: a Fetch request's limits, which the fetch interceptors
+	// keep the rewritten response within.
 	fetchLimits interceptor.FetchLimits
-	// intercepted: a Produce request the interceptors saw; its response is
-	// decoded to notice MESSAGE_TOO_LARGE (a stale max.message.bytes).
-	intercepted bool
+	// decode: the response must be read whole and decoded (rewritten,
+	// intercepted, or watched); otherwise it streams through.
+	decode bool
 }
 
 // conn is one client connection and its upstream connection. The reader
-// goroutine forwards requests and queues them in pending; the writer
-// goroutine takes each queued request, reads its response from upstream
-// (Kafka answers in order on a connection), rewrites it if needed and writes
-// it to the client.
+// goroutine reads requests, queues them in pending and forwards them; the
+// writer goroutine takes each queued request, reads its response from
+// upstream (Kafka answers in order on a connection), rewrites it if needed
+// and writes it to the client. Frames that need no decoding stream through
+// without being held whole; the others are read into buffers charged to the
+// proxy's memory budget (proxy.memory.max.bytes).
 type conn struct {
-	s        *Server
-	client   net.Conn
+	s      *Server
+	client net.Conn
+	cr     *bufio.Reader // the client side, reading through activityReader
+	nodeID int32
+	log    *slog.Logger
+
+	upMu     sync.Mutex // guards upstream's assignment against close()
 	upstream net.Conn
-	nodeID   int32
-	log      *slog.Logger
+	ur       *bufio.Reader
+	upReady  chan struct{} // closed once upstream is dialled
+	upErr    error         // why the dial failed (set before upReady closes; nil: dialled)
 
 	pending   chan *inflight
 	done      chan struct{}   // closed by close()
@@ -60,17 +75,18 @@ type conn struct {
 	cancel    context.CancelFunc
 	closeOnce sync.Once
 	draining  atomic.Bool
-	upMu      sync.Mutex   // guards upstream's assignment against close()
-	free      chan []byte  // response frames already written, for upstreamLoop to reuse
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
+
+	auth saslState
 }
 
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
-	cn := &conn{s: s, client: c, nodeID: nodeID, pending: make(chan *inflight, maxInFlight), done: make(chan struct{}),
-		log: s.log.With("client", c.RemoteAddr().String(), "node", nodeID)}
+	cn := &conn{s: s, client: c, nodeID: nodeID, pending: make(chan *inflight, s.cfg.MaxInFlight), done: make(chan struct{}),
+		upReady: make(chan struct{}), log: s.log.With("client", c.RemoteAddr().String(), "node", nodeID)}
 	cn.ctx, cn.cancel = context.WithCancel(context.Background())
 	cn.active.Store(time.Now().UnixNano())
+	cn.auth.init(s.authRequired())
 	return cn
 }
 
@@ -85,6 +101,7 @@ func (c *conn) close() {
 			c.upstream.Close()
 		}
 		c.upMu.Unlock()
+		c.auth.wake()
 	})
 }
 
@@ -116,6 +133,15 @@ func (c *conn) recoverPanic() {
 	}
 }
 
+func (c *conn) closed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (c *conn) serve() {
 	defer c.s.wg.Done()
 	defer c.s.removeConn(c)
@@ -134,20 +160,7 @@ func (c *conn) serve() {
 			return
 		}
 	}
-	up, err := c.s.dialUpstream(context.Background(), c.nodeID)
-	if err != nil {
-		c.fail("upstream_dial", "cannot reach the upstream broker", err)
-		return
-	}
-	c.upMu.Lock()
-	c.upstream = up
-	c.upMu.Unlock()
-	if c.closed() { // closed by Shutdown while dialing
-		up.Close()
-		return
-	}
-	c.log.Debug("connection open", "upstream", up.RemoteAddr().String())
-
+	c.cr = bufio.NewReaderSize(activityReader{c}, readerSize)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -160,92 +173,265 @@ func (c *conn) serve() {
 	c.close()
 }
 
+// ensureUpstream dials the upstream broker on first use: a client that
+// sends nothing, or only requests the proxy answers itself, costs no
+// upstream connection.
+func (c *conn) ensureUpstream() bool {
+	select {
+	case <-c.upReady:
+		return c.upErr == nil
+	default:
+	}
+	up, err := c.s.dialUpstream(c.ctx, c.nodeID)
+	if err == nil {
+		c.upMu.Lock()
+		if c.closed() { // closed by Shutdown while dialing
+			up.Close()
+			err = net.ErrClosed
+		} else {
+			c.upstream, c.ur = up, bufio.NewReaderSize(up, readerSize)
+		}
+		c.upMu.Unlock()
+	}
+	c.upErr = err
+	close(c.upReady)
+	if err != nil {
+		if !c.closed() {
+			c.fail("upstream_dial", "cannot reach the upstream broker", err)
+		}
+		return false
+	}
+	c.log.Debug("connection open", "upstream", up.RemoteAddr().String())
+	return true
+}
+
+// readerSize is the buffer of each side's bufio.Reader: small frames are
+// read through it; larger ones stream or are read into their own buffers.
+const readerSize = 32 << 10
+
 // readLoop reads requests from the client and forwards them upstream.
 func (c *conn) readLoop() {
 	defer close(c.pending)
-	r := readerPool.Get().(*bufio.Reader)
-	r.Reset(activityReader{c})
-	defer func() { r.Reset(nil); readerPool.Put(r) }()
-	var buf []byte // reused once a request has been forwarded
 	for {
-		frame, err := readFrame(r, c.s.cfg.MaxRequestBytes, buf)
-		if err != nil {
-			c.readError(err)
+		if !c.readRequest() {
 			return
 		}
-		c.s.m.bytesIn.Add(float64(len(frame)))
-		c.active.Store(time.Now().UnixNano())
-		h, err := ParseRequestHeader(frame[4:])
-		if err != nil {
-			if errors.Is(err, ErrUnsupportedVersion) && h.Key == apiVersionsKey {
-				// KIP-511: answer with the versions we know; the client retries.
-				if !c.enqueue(&inflight{key: h.Key, version: 0, corr: h.CorrelationID, start: time.Now(),
-					local: unsupportedApiVersionsResponse(h.CorrelationID)}) {
-					return
-				}
-				continue
+	}
+}
+
+// readRequest handles one request; false ends the loop.
+func (c *conn) readRequest() bool {
+	size, err := peekSize(c.cr, c.s.cfg.MaxRequestBytes)
+	if err != nil {
+		c.readError(err)
+		return false
+	}
+	head, _ := c.cr.Peek(int(min(4+int64(size), readerSize)))
+	h, err := ParseRequestHeader(head[4:])
+	if err != nil && !(errors.Is(err, ErrTruncatedHeader) && len(head) < 4+int(size)) {
+		if errors.Is(err, ErrUnsupportedVersion) && h.Key == apiVersionsKey {
+			// KIP-511: answer with the versions we know; the client retries.
+			if _, err := c.cr.Discard(4 + int(size)); err != nil {
+				c.readError(err)
+				return false
 			}
-			kind := "malformed"
-			switch {
-			case errors.Is(err, ErrUnknownKey):
-				kind = "unknown_key"
-			case errors.Is(err, ErrUnsupportedVersion):
-				kind = "unsupported_version"
-			}
-			c.fail(kind, "bad request from client", err)
-			return
+			return c.enqueue(&inflight{key: h.Key, version: 0, corr: h.CorrelationID, start: time.Now(),
+				local: unsupportedApiVersionsResponse(h.CorrelationID)})
 		}
-		expectResponse := true
-		var acks int16
-		if h.Key == 0 {
-			acks, err = produceAcks(frame[4+h.Len:], h.Version, h.Flexible)
-			if err != nil {
-				c.fail("malformed", "bad Produce request from client", err)
-				return
-			}
-			expectResponse = acks != 0
+		kind := "malformed"
+		switch {
+		case errors.Is(err, ErrUnknownKey):
+			kind = "unknown_key"
+		case errors.Is(err, ErrUnsupportedVersion):
+			kind = "unsupported_version"
 		}
+		c.fail(kind, "bad request from client", err)
+		return false
+	}
+	whole := err != nil || c.wantsRequest(h)
+	acks := int16(1)
+	if !whole && h.Key == keyProduce {
+		// acks sits after the transactional id: in the peeked bytes, or
+		// the request is read whole.
+		if a, aerr := produceAcks(head[4+h.Len:], h.Version, h.Flexible); aerr == nil {
+			acks = a
+		} else {
+			whole = true
+		}
+	}
+	if !whole {
 		c.s.m.requests.WithLabelValues(apiName(h.Key)).Inc()
-		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now()}
-		if h.Key == 1 && c.s.ic != nil && c.s.ic.chain.HasFetch() {
+		c.s.m.bytesIn.Add(float64(4 + size))
+		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
+		if acks != 0 && !c.enqueue(f) {
+			return false
+		}
+		if !c.ensureUpstream() {
+			return false
+		}
+		if err := c.stream(c.upstream, c.cr, c.client, int64(4+size)); err != nil {
+			c.forwardError(err)
+			return false
+		}
+		c.active.Store(time.Now().UnixNano())
+		return true
+	}
+	frame, release, err := c.readWhole(size)
+	if err != nil {
+		c.readError(err)
+		return false
+	}
+	defer release()
+	return c.handleWhole(frame)
+}
+
+// wantsRequest reports whether a request must be read whole: the proxy
+// decodes it (interceptors, SASL state, an acks it could not peek).
+func (c *conn) wantsRequest(h RequestHeader) bool {
+	ic := c.s.ic
+	switch h.Key {
+	case keyProduce:
+		return ic != nil && ic.chain.HasProduce()
+	case keyFetch:
+		return ic != nil && ic.chain.HasFetch()
+	case keySASLHandshake, keySASLAuthenticate, apiVersionsKey:
+		return true
+	}
+	return false
+}
+
+// wantsResponse reports whether the response to key at version must be
+// read whole and decoded: endpoints to rewrite, ApiVersions to narrow, the
+// interceptors' work, topic ids to learn, SASL outcomes to follow.
+func (c *conn) wantsResponse(key, version int16) bool {
+	if key == apiVersionsKey || needsRewrite(key, version) || key == keySASLHandshake || key == keySASLAuthenticate {
+		return true
+	}
+	if ic := c.s.ic; ic != nil {
+		switch key {
+		case keyMetadata, keyDescribeTopicPartitions:
+			return true
+		case keyProduce:
+			return ic.chain.HasProduce()
+		case keyFetch:
+			return ic.chain.HasFetch()
+		}
+	}
+	return false
+}
+
+// readWhole reads a frame of size bytes (after its prefix) into a buffer
+// charged to the memory budget, which release gives back. The buffer grows
+// with the bytes that arrive (peekSize checked the size).
+func (c *conn) readWhole(size int32) ([]byte, func(), error) {
+	n := int64(4 + size)
+	if err := c.s.mem.Take(c.ctx, n); err != nil {
+		return nil, nil, err
+	}
+	release := func() { c.s.mem.Give(n) }
+	frame, err := readFrame(c.cr, c.s.cfg.MaxRequestBytes, nil)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return frame, release, nil
+}
+
+// handleWhole handles a request read whole.
+func (c *conn) handleWhole(frame []byte) bool {
+	c.s.m.bytesIn.Add(float64(len(frame)))
+	c.active.Store(time.Now().UnixNano())
+	h, err := ParseRequestHeader(frame[4:])
+	if err != nil {
+		c.fail("malformed", "bad request from client", err)
+		return false
+	}
+	expectResponse := true
+	if h.Key == keyProduce {
+		acks, err := produceAcks(frame[4+h.Len:], h.Version, h.Flexible)
+		if err != nil {
+			c.fail("malformed", "bad Produce request from client", err)
+			return false
+		}
+		expectResponse = acks != 0
+	}
+	c.s.m.requests.WithLabelValues(apiName(h.Key)).Inc()
+	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
+	switch h.Key {
+	case keySASLHandshake:
+		c.auth.handshake()
+	case keySASLAuthenticate:
+		c.auth.authenticating()
+	case keyFetch:
+		if c.s.ic != nil && c.s.ic.chain.HasFetch() {
 			// A request that does not decode goes on: the broker answers it.
 			if req, err := decodeFetch(h.Version, frame[4+h.Len:]); err == nil {
 				f.fetchLimits = interceptor.FetchLimitsOf(req)
 			}
 		}
-		if h.Key == 0 && c.s.ic != nil && c.s.ic.chain.HasProduce() {
-			f.intercepted = true
+	case keyProduce:
+		if c.s.ic != nil && c.s.ic.chain.HasProduce() {
+			if !c.auth.await(c.done) {
+				c.fail("unauthenticated", "Produce request before SASL authentication completed (the broker closes such a connection too)", nil)
+				return false
+			}
 			out, forward, err := c.interceptProduce(h, frame, f)
 			if err != nil {
 				c.fail("malformed", "bad Produce request from client", err)
-				return
+				return false
 			}
 			if !forward {
 				// Every partition was answered by the interceptors.
-				if expectResponse && !c.enqueue(f) {
-					return
-				}
-				continue
+				return !expectResponse || c.enqueue(f)
 			}
 			if out != nil {
 				frame = out
 			}
 		}
-		if expectResponse {
-			if !c.enqueue(f) {
-				return
-			}
-		}
-		if _, err := c.upstream.Write(frame); err != nil {
-			if !c.closed() {
-				c.fail("upstream_io", "write to the upstream broker failed", err)
-			}
-			return
-		}
-		if cap(frame) <= maxReusedFrame {
-			buf = frame
-		}
 	}
+	if expectResponse && !c.enqueue(f) {
+		return false
+	}
+	if !c.ensureUpstream() {
+		return false
+	}
+	if _, err := c.upstream.Write(frame); err != nil {
+		c.forwardError(err)
+		return false
+	}
+	return true
+}
+
+func (c *conn) forwardError(err error) {
+	if !c.closed() {
+		c.fail("upstream_io", "write to the upstream broker failed", err)
+	}
+}
+
+// stream copies n bytes of a frame from src (whose bufio.Reader is r) to
+// dst: first what r holds, then straight from the connection, which lets
+// the kernel splice TCP to TCP.
+func (c *conn) stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
+	for n > 0 && r.Buffered() > 0 {
+		b, _ := r.Peek(int(min(int64(r.Buffered()), n)))
+		if _, err := dst.Write(b); err != nil {
+			return err
+		}
+		_, _ = r.Discard(len(b))
+		n -= int64(len(b))
+	}
+	if n == 0 {
+		return nil
+	}
+	if rf, ok := dst.(io.ReaderFrom); ok {
+		m, err := rf.ReadFrom(io.LimitReader(src, n))
+		if err == nil && m < n {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	_, err := io.CopyN(dst, src, n)
+	return err
 }
 
 func (c *conn) enqueue(f *inflight) bool {
@@ -254,15 +440,6 @@ func (c *conn) enqueue(f *inflight) bool {
 	case c.pending <- f:
 		return true
 	case <-c.done:
-		return false
-	}
-}
-
-func (c *conn) closed() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
 		return false
 	}
 }
@@ -281,41 +458,30 @@ func (c *conn) readError(err error) {
 		c.fail("frame_too_large", "request size prefix over socket.request.max.bytes", err)
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		c.fail("client_io", "client disconnected mid-request", err)
+	case errors.Is(err, interceptor.ErrMemoryBusy):
+		c.fail("memory", "no room in proxy.memory.max.bytes for the request", err)
 	default:
 		c.fail("client_io", "read from client failed", err)
 	}
 }
 
-// upstreamFrame is one frame read from the broker, or the error that ended
-// the upstream connection.
-type upstreamFrame struct {
-	frame []byte
-	err   error
-}
-
-// upstreamLoop reads response frames from the broker all the time, so that a
-// broker closing an idle connection (restart, connections.max.idle.ms) is
-// seen at once and the client's connection closes too, as it would have
-// without the proxy. frames is unbuffered: at most two responses of a
-// connection are in the proxy's memory (one here, one in the writer); the
-// rest wait in the broker's socket, as without the proxy.
-func (c *conn) upstreamLoop(frames chan<- upstreamFrame, free <-chan []byte) {
-	r := readerPool.Get().(*bufio.Reader)
-	r.Reset(c.upstream)
-	defer func() { r.Reset(nil); readerPool.Put(r) }()
+// watchUpstream peeks at the upstream connection while the writer has
+// nothing in flight, so that a broker closing an idle connection (restart,
+// connections.max.idle.ms) is seen at once and the client's connection
+// closes too, as it would have without the proxy. It reports each peek's
+// outcome on res and peeks again when asked on req. The writer reads
+// upstream only after a peek returned, so the two never read at once.
+func (c *conn) watchUpstream(req <-chan struct{}, res chan<- error) {
 	for {
-		var buf []byte
 		select {
-		case buf = <-free:
-		default:
-		}
-		frame, err := readFrame(r, c.s.cfg.MaxResponseBytes, buf)
-		select {
-		case frames <- upstreamFrame{frame, err}:
+		case <-req:
 		case <-c.done:
 			return
 		}
-		if err != nil {
+		_, err := c.ur.Peek(1)
+		select {
+		case res <- err:
+		case <-c.done:
 			return
 		}
 	}
@@ -325,154 +491,211 @@ func (c *conn) upstreamLoop(frames chan<- upstreamFrame, free <-chan []byte) {
 // next frame from the broker (Kafka answers in order on a connection).
 func (c *conn) writeLoop() {
 	defer c.close()
-	frames := make(chan upstreamFrame)
-	c.free = make(chan []byte, 2) // response buffers written to the client, for reuse
-	go func() {
-		defer c.recoverPanic()
-		c.upstreamLoop(frames, c.free)
-	}()
+	ready := c.upReady // nil once the upstream is watched
+	var req chan struct{}
+	res := make(chan error, 1)
+	watching := false
+	watch := func() bool {
+		if ready != nil {
+			if c.upErr != nil {
+				return false
+			}
+			req, ready = make(chan struct{}, 1), nil
+			go c.watchUpstream(req, res)
+		}
+		if !watching {
+			req <- struct{}{}
+			watching = true
+		}
+		return true
+	}
 	for {
+		if ready == nil && !watch() {
+			return
+		}
+		var f *inflight
 		select {
-		case f, ok := <-c.pending:
+		case g, ok := <-c.pending:
 			if !ok {
 				return
 			}
-			if !c.answer(f, nil, frames) {
+			f = g
+		case err := <-res:
+			watching = false
+			if err == nil {
+				c.fail("upstream_io", "response from the upstream broker without a request", nil)
 				return
 			}
-		case uf := <-frames:
-			if uf.err != nil {
-				if c.closed() {
-					return
-				}
-				if len(c.pending) == 0 {
-					// The broker ended the connection with nothing in flight.
-					c.s.m.errors.WithLabelValues("upstream_io").Inc()
-					c.log.Info("the upstream broker closed the connection; closing the client's", "err", uf.err)
-					return
-				}
-				c.fail("upstream_io", "read from the upstream broker failed", uf.err)
+			if !c.closed() {
+				c.s.m.errors.WithLabelValues("upstream_io").Inc()
+				c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
+			}
+			return
+		case <-ready:
+			continue // dialled: watch it from now on (loop top)
+		}
+		if f.local != nil {
+			if !c.write(f, f.local) {
 				return
 			}
-			// A response that came before the writer took its request
-			// off the queue: the request is queued already (the reader
-			// queues before it forwards), after any local answers.
-			for {
-				var f *inflight
-				var ok bool
-				select {
-				case f, ok = <-c.pending:
-				default:
-				}
-				if f == nil || !ok {
-					c.fail("upstream_io", "response from the upstream broker without a request", nil)
-					return
-				}
-				if f.local != nil {
-					if !c.answer(f, nil, frames) {
-						return
-					}
-					continue
-				}
-				if !c.answer(f, &uf, frames) {
-					return
-				}
-				break
+			continue
+		}
+		if ready != nil { // not dialled yet: the reader is dialling
+			select {
+			case <-ready:
+			case <-c.done:
+				return
 			}
+		}
+		if !watch() {
+			return
+		}
+		// The response's first bytes (or the end) end the peek.
+		select {
+		case err := <-res:
+			watching = false
+			if err != nil {
+				if !c.closed() {
+					c.fail("upstream_io", "read from the upstream broker failed", err)
+				}
+				return
+			}
+		case <-c.done:
+			return
+		}
+		if !c.answer(f) {
+			return
 		}
 	}
 }
 
-// answer writes the response to f: its local answer, or uf, or the next
-// frame from the broker. It returns false when the connection is done.
-func (c *conn) answer(f *inflight, uf *upstreamFrame, frames <-chan upstreamFrame) bool {
-	out := f.local
-	if out == nil {
-		if uf == nil {
-			select {
-			case u := <-frames:
-				uf = &u
-			case <-c.done:
-				return false
-			}
+// answer reads f's response from upstream and writes it to the client.
+func (c *conn) answer(f *inflight) bool {
+	head, err := c.ur.Peek(8)
+	if err != nil {
+		if !c.closed() {
+			c.fail("upstream_io", "read from the upstream broker failed", err)
 		}
-		if uf.err != nil {
+		return false
+	}
+	size := int32(binary.BigEndian.Uint32(head))
+	if size < 4 || size > c.s.cfg.MaxResponseBytes {
+		c.fail("upstream_io", "bad response size from the upstream broker", fmt.Errorf("%d bytes (upstream.response.max.bytes %d)", size, c.s.cfg.MaxResponseBytes))
+		return false
+	}
+	if corr := int32(binary.BigEndian.Uint32(head[4:])); corr != f.corr {
+		c.fail("rewrite", "bad response from the upstream broker", fmt.Errorf("response correlation id %d, want %d (%s v%d)", corr, f.corr, apiName(f.key), f.version))
+		return false
+	}
+	if !f.decode {
+		c.setWriteDeadline()
+		if err := c.stream(c.client, c.ur, c.upstream, int64(4+size)); err != nil {
 			if !c.closed() {
-				c.fail("upstream_io", "read from the upstream broker failed", uf.err)
+				c.fail("client_io", "write to client failed", err)
 			}
 			return false
 		}
-		var err error
-		out, err = c.response(f, uf.frame)
-		if err != nil {
-			c.fail("rewrite", "bad response from the upstream broker", err)
-			return false
+		c.done1(f, int64(4+size))
+		return true
+	}
+	n := int64(4 + size)
+	if err := c.s.mem.Take(c.ctx, n); err != nil {
+		if !c.closed() {
+			c.fail("memory", "no room in proxy.memory.max.bytes for a response", err)
 		}
+		return false
 	}
-	// A client that stops reading for connections.max.idle.ms is idle,
-	// as the broker sees it (its idle clock moves only with socket
-	// progress): the write fails and the connection closes, releasing the
-	// response held for it.
-	if c.s.cfg.IdleTimeout > 0 {
-		_ = c.client.SetWriteDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+	defer c.s.mem.Give(n)
+	frame, err := readFrame(c.ur, c.s.cfg.MaxResponseBytes, nil)
+	if err != nil {
+		if !c.closed() {
+			c.fail("upstream_io", "read from the upstream broker failed", err)
+		}
+		return false
 	}
+	out, release, err := c.response(f, frame)
+	if err != nil {
+		c.fail("rewrite", "bad response from the upstream broker", err)
+		return false
+	}
+	defer release()
+	return c.write(f, out)
+}
+
+// write writes a whole response frame to the client.
+func (c *conn) write(f *inflight, out []byte) bool {
+	c.setWriteDeadline()
 	if _, err := c.client.Write(out); err != nil {
 		if !c.closed() {
 			c.fail("client_io", "write to client failed", err)
 		}
 		return false
 	}
-	c.s.m.bytesOut.Add(float64(len(out)))
+	c.done1(f, int64(len(out)))
+	return true
+}
+
+// setWriteDeadline: a client that stops reading for connections.max.idle.ms
+// is idle, as the broker sees it (its idle clock moves only with socket
+// progress): the write fails and the connection closes, releasing what was
+// held for it.
+func (c *conn) setWriteDeadline() {
+	if c.s.cfg.IdleTimeout > 0 {
+		_ = c.client.SetWriteDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+	}
+}
+
+// done1 accounts for a response written.
+func (c *conn) done1(f *inflight, n int64) {
+	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())
 	c.inFlight.Add(-1)
 	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(now.Sub(f.start).Seconds())
-	if uf != nil && cap(uf.frame) <= maxReusedFrame {
-		// Written (out is uf.frame or a fresh encoding of it): reusable.
-		select {
-		case c.free <- uf.frame:
-		default:
-		}
-	}
-	return true
 }
 
 // response checks a response frame against its request and returns the
 // frame to send to the client: the same bytes, or re-encoded with rewritten
-// broker endpoints / narrowed ApiVersions.
-func (c *conn) response(f *inflight, frame []byte) ([]byte, error) {
+// broker endpoints / narrowed ApiVersions / the interceptors' work; release
+// gives back what the interceptors held.
+func (c *conn) response(f *inflight, frame []byte) ([]byte, func(), error) {
+	nop := func() {}
 	msg := frame[4:]
-	corr, hlen, err := parseResponseHeader(msg, ResponseHeaderFlexible(f.key, f.version))
+	_, hlen, err := parseResponseHeader(msg, ResponseHeaderFlexible(f.key, f.version))
 	if err != nil {
-		return nil, err
+		return nil, nop, err
 	}
-	if corr != f.corr {
-		return nil, fmt.Errorf("response correlation id %d, want %d (%s v%d)", corr, f.corr, apiName(f.key), f.version)
+	switch f.key {
+	case keySASLHandshake, keySASLAuthenticate:
+		c.auth.response(f.key, f.version, msg[hlen:])
 	}
-	if f.produce != nil || f.intercepted || (f.key == 1 && c.s.ic != nil && c.s.ic.chain.HasFetch()) || (f.key == 3 && c.s.ic != nil) {
-		return c.interceptResponse(f, frame, msg, hlen)
+	if c.s.ic != nil {
+		switch f.key {
+		case keyProduce, keyFetch, keyMetadata, keyDescribeTopicPartitions:
+			return c.interceptResponse(f, frame, msg, hlen)
+		}
 	}
 	var body []byte
 	switch {
 	case f.key == apiVersionsKey:
 		body, err = rewriteApiVersions(msg[hlen:], f.version)
 		if err != nil {
-			return nil, err
+			return nil, nop, err
 		}
 	case needsRewrite(f.key, f.version):
 		var changed bool
 		body, changed, err = RewriteResponse(f.key, f.version, msg[hlen:], c.s.mapAddress)
 		if err != nil {
-			return nil, err
+			return nil, nop, err
 		}
 		if !changed {
-			return frame, nil
+			return frame, nop, nil
 		}
 		c.s.m.rewrites.WithLabelValues(apiName(f.key)).Inc()
 	default:
-		return frame, nil
+		return frame, nop, nil
 	}
-	return joinFrame(msg[:hlen], body), nil
+	return joinFrame(msg[:hlen], body), nop, nil
 }
 
 // joinFrame encodes a frame: the size prefix, header (a request or

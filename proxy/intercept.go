@@ -3,8 +3,12 @@ package proxy
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,27 +17,41 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/largemessage"
 )
 
-// topicConfigTTL is how long a topic's max.message.bytes, read from the
-// cluster, is trusted before it is read again (`topic.config.refresh.ms`).
+// defaultTopicConfigTTL is how long a topic's max.message.bytes, read from
+// the cluster, is trusted before it is read again (topic.config.refresh.ms).
 const defaultTopicConfigTTL = time.Minute
+
+// unknownTopicIDTTL is how long "the cluster does not know this topic id"
+// is trusted, so a client naming made-up ids cannot make the proxy ask the
+// cluster on every request.
+const unknownTopicIDTTL = 5 * time.Second
 
 // interception is the Server's KIP-905 state: the interceptor chain, an
 // admin client of the upstream cluster for topic configs and ids, and their
 // caches. nil when no interceptor is configured: requests then pass opaque.
 type interception struct {
-	chain *interceptor.Chain
-	admin *kgo.Client
-	ttl   time.Duration
+	chain   *interceptor.Chain
+	admin   *kgo.Client
+	configs *largemessage.TopicConfigs
 
-	mu     sync.Mutex
-	limits map[string]limitEntry
-	names  map[[16]byte]string
-	logged map[string]time.Time // last warning per topic/partition
+	mu      sync.Mutex
+	names   map[[16]byte]string
+	unknown map[[16]byte]time.Time // ids the cluster did not name, and when
+	lookup  *nameLookup            // the Metadata request in flight, if any
+	logged  map[string]time.Time   // last warning per topic/partition
 }
+
+// nameLookup is one Metadata request of the admin client that every
+// caller wanting a topic id resolved meanwhile waits for.
+type nameLookup struct{ done chan struct{} }
 
 // logEvery bounds how often the failure of one partition's fetch is logged.
 const logEvery = time.Minute
@@ -50,34 +68,49 @@ func (ic *interception) shouldLog(topic string, partition int32) bool {
 	return true
 }
 
-type limitEntry struct {
-	max int32
-	at  time.Time
-}
-
 // newInterception builds the chain of cfg.Interceptors and the admin
-// client. Errors: an unknown interceptor name or a bad interceptor config
-// (each names the interceptor), an admin client that cannot be made.
-func newInterception(cfg Config, upstreamTLS kgo.Opt) (*interception, error) {
-	ic := &interception{ttl: cfg.TopicConfigRefresh, limits: map[string]limitEntry{}, names: map[[16]byte]string{}, logged: map[string]time.Time{}}
-	if ic.ttl <= 0 {
-		ic.ttl = defaultTopicConfigTTL
+// client (with the upstream TLS and upstream.sasl.* settings). Errors: an
+// unknown interceptor name or a bad interceptor config (each names the
+// interceptor), an admin client that cannot be made.
+func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory) (*interception, error) {
+	ic := &interception{names: map[[16]byte]string{}, unknown: map[[16]byte]time.Time{}, logged: map[string]time.Time{}}
+	ttl := cfg.TopicConfigRefresh
+	if ttl <= 0 {
+		ttl = defaultTopicConfigTTL
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Upstream...), kgo.ClientID("ferry-proxy"), kgo.DialTimeout(cfg.DialTimeout)}
 	if upstreamTLS != nil {
 		opts = append(opts, upstreamTLS)
 	}
+	if m := saslMechanism(cfg.UpstreamSASL); m != nil {
+		opts = append(opts, kgo.SASL(m))
+	}
 	var err error
 	if ic.admin, err = kgo.NewClient(opts...); err != nil {
 		return nil, fmt.Errorf("interceptors: admin client of the upstream cluster: %w", err)
 	}
+	ic.configs = largemessage.NewTopicConfigs(ic.admin, ttl)
 	ic.chain, err = interceptor.Build(context.Background(), cfg.Interceptors, interceptor.Options{
-		Timeout: cfg.InterceptorTimeout, TopicName: ic.topicName})
+		Timeout: cfg.InterceptorTimeout, TopicName: ic.topicName, Memory: mem,
+		BatchDecompressedMax: cfg.BatchDecompressedMax, RequestDecompressedMax: cfg.RequestDecompressedMax})
 	if err != nil {
 		ic.admin.Close()
 		return nil, err
 	}
 	return ic, nil
+}
+
+// saslMechanism is the franz-go mechanism of c, nil for none.
+func saslMechanism(c SASLConfig) sasl.Mechanism {
+	switch strings.ToUpper(c.Mechanism) {
+	case "PLAIN":
+		return plain.Auth{User: c.Username, Pass: c.Password}.AsMechanism()
+	case "SCRAM-SHA-256":
+		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha256Mechanism()
+	case "SCRAM-SHA-512":
+		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha512Mechanism()
+	}
+	return nil
 }
 
 func (ic *interception) close() {
@@ -86,83 +119,118 @@ func (ic *interception) close() {
 }
 
 // maxMessageBytes is the limits callback of Chain.InterceptProduce: the
-// topic's max.message.bytes as the cluster reports it (DescribeConfigs),
-// cached for topic.config.refresh.ms. When the cluster cannot be asked, the
-// last known value is used, or none (ok false: the broker's own check then
-// applies).
-func (ic *interception) maxMessageBytes(topic string) (int32, bool) {
-	ic.mu.Lock()
-	e, ok := ic.limits[topic]
-	ic.mu.Unlock()
-	if ok && time.Since(e.at) < ic.ttl {
-		return e.max, true
+// max.message.bytes of topics as the cluster reports them (one
+// DescribeConfigs for all that are not cached; the broker's
+// message.max.bytes for a topic that does not exist yet), cached for
+// topic.config.refresh.ms. A topic the cluster cannot be asked about is
+// left out (the broker's own check then applies).
+func (ic *interception) maxMessageBytes(topics []string) map[string]int32 {
+	out := make(map[string]int32, len(topics))
+	for t, r := range ic.configs.GetAll(context.Background(), topics) {
+		if r.Err == nil && r.Config.MaxMessageBytes > 0 && r.Config.MaxMessageBytes <= math.MaxInt32 {
+			out[t] = int32(r.Config.MaxMessageBytes)
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rcs, err := kadm.NewClient(ic.admin).DescribeTopicConfigs(ctx, topic)
-	if err == nil {
-		if rc, rerr := rcs.On(topic, nil); rerr == nil && rc.Err == nil {
-			for _, c := range rc.Configs {
-				if c.Key == "max.message.bytes" && c.Value != nil {
-					if n, perr := strconv.ParseInt(*c.Value, 10, 32); perr == nil {
-						ic.mu.Lock()
-						ic.limits[topic] = limitEntry{max: int32(n), at: time.Now()}
-						ic.mu.Unlock()
-						return int32(n), true
-					}
-				}
+	return out
+}
+
+// learnTopics records the topic ids of a Metadata (or
+// DescribeTopicPartitions) response that passed through the proxy
+// (produce and fetch v13+ name topics by id).
+func (ic *interception) learnTopics(key, version int16, body []byte) {
+	learn := func(name *string, id [16]byte) {
+		if name != nil && *name != "" && id != ([16]byte{}) {
+			ic.names[id] = *name
+			delete(ic.unknown, id)
+		}
+	}
+	switch key {
+	case keyMetadata:
+		resp := kmsg.NewPtrMetadataResponse()
+		resp.SetVersion(version)
+		if resp.ReadFrom(body) != nil {
+			return
+		}
+		ic.mu.Lock()
+		defer ic.mu.Unlock()
+		for _, t := range resp.Topics {
+			learn(t.Topic, t.TopicID)
+		}
+	case keyDescribeTopicPartitions:
+		resp := kmsg.NewPtrDescribeTopicPartitionsResponse()
+		resp.SetVersion(version)
+		if resp.ReadFrom(body) != nil {
+			return
+		}
+		ic.mu.Lock()
+		defer ic.mu.Unlock()
+		for _, t := range resp.Topics {
+			learn(t.Topic, t.TopicID)
+		}
+	}
+}
+
+// topicName resolves a topic id: from responses seen by the proxy, else by
+// asking the cluster (one Metadata request shared by all callers waiting
+// meanwhile). An id the cluster does not know is remembered for
+// unknownTopicIDTTL. false: the id cannot be named; the chain then refuses
+// its partitions (UNKNOWN_TOPIC_ID) rather than pass them uninspected.
+func (ic *interception) topicName(id [16]byte) (string, bool) {
+	ic.mu.Lock()
+	if name, ok := ic.names[id]; ok {
+		ic.mu.Unlock()
+		return name, true
+	}
+	if at, ok := ic.unknown[id]; ok && time.Since(at) < unknownTopicIDTTL {
+		ic.mu.Unlock()
+		return "", false
+	}
+	l := ic.lookup
+	if l == nil {
+		l = &nameLookup{done: make(chan struct{})}
+		ic.lookup = l
+		go ic.refreshNames(l)
+	}
+	ic.mu.Unlock()
+	<-l.done
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if name, ok := ic.names[id]; ok {
+		return name, true
+	}
+	ic.unknown[id] = time.Now()
+	if len(ic.unknown) > 10000 { // bound what made-up ids can fill
+		for k, at := range ic.unknown {
+			if time.Since(at) >= unknownTopicIDTTL {
+				delete(ic.unknown, k)
 			}
 		}
 	}
-	return e.max, ok
+	return "", false
 }
 
-// forgetLimit drops the cached max.message.bytes of topic.
-func (ic *interception) forgetLimit(topic string) {
-	ic.mu.Lock()
-	delete(ic.limits, topic)
-	ic.mu.Unlock()
-}
-
-// learnTopics records the topic ids of a Metadata response that passed
-// through the proxy (produce and fetch v13+ name topics by id).
-func (ic *interception) learnTopics(version int16, body []byte) {
-	resp := kmsg.NewPtrMetadataResponse()
-	resp.SetVersion(version)
-	if resp.ReadFrom(body) != nil {
-		return
-	}
-	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	for _, t := range resp.Topics {
-		if t.Topic != nil && t.TopicID != ([16]byte{}) {
-			ic.names[t.TopicID] = *t.Topic
-		}
-	}
-}
-
-// topicName resolves a topic id: from Metadata seen by the proxy, else by
-// asking the cluster once.
-func (ic *interception) topicName(id [16]byte) (string, bool) {
-	ic.mu.Lock()
-	name, ok := ic.names[id]
-	ic.mu.Unlock()
-	if ok {
-		return name, true
-	}
+// refreshNames asks the cluster for every topic's id.
+func (ic *interception) refreshNames(l *nameLookup) {
+	defer func() {
+		ic.mu.Lock()
+		ic.lookup = nil
+		ic.mu.Unlock()
+		close(l.done)
+	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	md, err := kadm.NewClient(ic.admin).Metadata(ctx)
 	if err != nil {
-		return "", false
+		return
 	}
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	for _, t := range md.Topics {
-		ic.names[t.ID] = t.Topic
+		if t.ID != ([16]byte{}) {
+			ic.names[t.ID] = t.Topic
+			delete(ic.unknown, t.ID)
+		}
 	}
-	name, ok = ic.names[id]
-	return name, ok
 }
 
 // decodeProduce decodes a Produce request body of the given version.
@@ -210,7 +278,8 @@ func responseFrame(key, version int16, corr int32, resp kmsg.Response) []byte {
 // frame. It returns the frame to forward (nil: the original, unchanged) and
 // whether to forward at all; partitions the interceptors answered are kept
 // in f, to be merged into the broker's response, or, when nothing is left
-// to forward, f.local is the whole answer. Errors: a request that does not
+// to forward, f.local is the whole answer. The interceptors' work stops
+// when the client goes away meanwhile. Errors: a request that does not
 // decode.
 func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out []byte, forward bool, err error) {
 	body := frame[4+h.Len:]
@@ -218,7 +287,10 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	if err != nil {
 		return nil, false, err
 	}
-	res := c.s.ic.chain.InterceptProduce(c.ctx, req, c.s.ic.maxMessageBytes)
+	ctx, stop := c.watchClient()
+	res := c.s.ic.chain.InterceptProduce(ctx, req, c.s.ic.maxMessageBytes)
+	stop()
+	defer res.Release()
 	for _, a := range res.Answered {
 		if a.Err != nil {
 			topic := a.Topic
@@ -235,27 +307,53 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		f.local = responseFrame(h.Key, h.Version, h.CorrelationID, res.Response(req))
 		return nil, false, nil
 	}
-	if len(res.Answered) > 0 {
-		f.produce = &res
-	}
+	f.produce = &res
 	if res.Rewritten == 0 && len(res.Answered) == 0 {
 		return nil, true, nil
 	}
 	return requestFrame(frame[4:4+h.Len], req), true, nil
 }
 
+// watchClient returns a context for work done on the client's behalf while
+// the reader is busy with it: it ends when the connection closes or the
+// client goes away (a peek at its socket sees the end). stop ends the
+// watch; the reader may read again afterwards.
+func (c *conn) watchClient() (context.Context, func()) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := c.cr.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			cancel() // the client closed or broke the connection
+		}
+	}()
+	return ctx, func() {
+		cancel()
+		// Unblock the peek, wait for it, then let reads block again
+		// (unless Shutdown is draining: its deadline stays).
+		_ = c.client.SetReadDeadline(time.Now())
+		<-done
+		if !c.draining.Load() {
+			_ = c.client.SetReadDeadline(time.Time{})
+		}
+	}
+}
+
 // interceptResponse handles the responses the interceptors need: a Produce
-// response to merge the proxy's own partition answers into, a Fetch response
-// whose records the fetch interceptors see, a Metadata response whose topic
-// ids the proxy learns. Broker endpoints are rewritten first, as for any
-// response.
-func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]byte, error) {
+// response to merge the proxy's own partition answers into (and to undo
+// the published payloads of partitions the broker refused), a Fetch
+// response whose records the fetch interceptors see, a Metadata or
+// DescribeTopicPartitions response whose topic ids the proxy learns. Broker
+// endpoints are rewritten first, as for any response. release gives back
+// the fetch interceptors' memory once the frame is written.
+func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]byte, func(), error) {
+	release := func() {}
 	body := msg[hlen:]
 	changed := false
 	if needsRewrite(f.key, f.version) {
 		b, ch, err := RewriteResponse(f.key, f.version, body, c.s.mapAddress)
 		if err != nil {
-			return nil, err
+			return nil, release, err
 		}
 		if ch {
 			body, changed = b, true
@@ -263,13 +361,13 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		}
 	}
 	switch f.key {
-	case 3:
-		c.s.ic.learnTopics(f.version, body)
-	case 0:
+	case keyMetadata, keyDescribeTopicPartitions:
+		c.s.ic.learnTopics(f.key, f.version, body)
+	case keyProduce:
 		resp := kmsg.NewPtrProduceResponse()
 		resp.SetVersion(f.version)
 		if err := resp.ReadFrom(body); err != nil {
-			return nil, fmt.Errorf("decode Produce v%d response: %w", f.version, err)
+			return nil, release, fmt.Errorf("decode Produce v%d response: %w", f.version, err)
 		}
 		// The broker refused a batch as too large although the proxy's
 		// check passed it: the cached max.message.bytes is stale (the
@@ -281,23 +379,32 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 					if name == "" { // v13+: by id
 						name, _ = c.s.ic.topicName(t.TopicID)
 					}
-					c.s.ic.forgetLimit(name)
+					c.s.ic.configs.Forget(name)
 				}
 			}
 		}
 		if f.produce != nil {
-			f.produce.Merge(resp)
-			body, changed = resp.AppendTo(nil), true
+			if n := f.produce.Refused(c.ctx, resp); n > 0 {
+				c.log.Debug("the broker refused partitions whose payloads the interceptors had published; they were deleted", "partitions", n)
+			}
+			if len(f.produce.Answered) > 0 {
+				f.produce.Merge(resp)
+				body, changed = resp.AppendTo(nil), true
+			}
 		}
-	case 1:
+	case keyFetch:
+		if !c.auth.ok() {
+			return nil, release, errors.New("a Fetch response on a connection that has not authenticated")
+		}
 		resp := kmsg.NewPtrFetchResponse()
 		resp.SetVersion(f.version)
 		if err := resp.ReadFrom(body); err != nil {
-			return nil, fmt.Errorf("decode Fetch v%d response: %w", f.version, err)
+			return nil, release, fmt.Errorf("decode Fetch v%d response: %w", f.version, err)
 		}
 		out := c.s.ic.chain.InterceptFetchLimited(c.ctx, resp, f.fetchLimits)
+		release = out.Release
 		if out.Truncated > 0 {
-			c.log.Debug("fetch response cut to the consumer's limits after interceptors", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)
+			c.log.Debug("fetch response cut to the consumer's limits", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)
 		}
 		for _, p := range out.Failed {
 			topic := p.Topic
@@ -318,7 +425,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		}
 	}
 	if !changed {
-		return frame, nil
+		return frame, release, nil
 	}
-	return joinFrame(msg[:hlen], body), nil
+	return joinFrame(msg[:hlen], body), release, nil
 }

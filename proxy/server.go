@@ -19,7 +19,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -31,10 +30,13 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferrykit/ferry/interceptor"
 )
 
 // Server is a running proxy. Create it with New, start it with Start, stop
@@ -60,9 +62,20 @@ type Server struct {
 	admin     *http.Server
 	adminLn   net.Listener
 	seedIndex atomic.Uint32
+	// refusalLogged: unix ns of the last warning about a refused connection.
+	refusalLogged atomic.Int64
 
 	// ic runs the KIP-905 interceptors; nil when none are configured.
 	ic *interception
+	// mem is the budget of proxy.memory.max.bytes: frames read whole and
+	// the interceptors' work.
+	mem *interceptor.Memory
+	// saslUpstream: the upstream listener requires SASL (configured, or
+	// found at start-up); interceptors then wait for each client's
+	// authentication.
+	saslUpstream atomic.Bool
+	// perIP counts client connections by remote address (max.connections.per.ip).
+	perIP map[string]int
 
 	wg sync.WaitGroup // accept loops and connections
 }
@@ -83,7 +96,9 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{}}
+	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{},
+		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax)}
+	s.saslUpstream.Store(cfg.UpstreamSASL.Mechanism != "")
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -100,7 +115,7 @@ func New(cfg Config) (*Server, error) {
 		if s.upstreamTLS != nil {
 			tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
 		}
-		if s.ic, err = newInterception(cfg, tlsOpt); err != nil {
+		if s.ic, err = newInterception(cfg, tlsOpt, s.mem); err != nil {
 			return nil, err
 		}
 	}
@@ -356,14 +371,28 @@ func (s *Server) acceptLoop(ln net.Listener, nodeID int32) {
 		}
 		delay = 0
 		s.m.connsTotal.WithLabelValues(kind).Inc()
+		ip := remoteIP(c)
 		s.mu.Lock()
 		if s.closing {
 			s.mu.Unlock()
 			c.Close()
 			continue
 		}
+		if len(s.conns) >= s.cfg.MaxConnections || s.perIP[ip] >= s.cfg.MaxConnectionsPerIP {
+			n, nip := len(s.conns), s.perIP[ip]
+			s.mu.Unlock()
+			s.m.errors.WithLabelValues("too_many_connections").Inc()
+			if s.shouldLogRefusal() {
+				s.log.Warn("connection refused: max.connections or max.connections.per.ip reached (logged once a minute)",
+					"client", c.RemoteAddr().String(), "connections", n, "from_address", nip,
+					"max.connections", s.cfg.MaxConnections, "max.connections.per.ip", s.cfg.MaxConnectionsPerIP)
+			}
+			c.Close()
+			continue
+		}
 		cn := newConn(s, c, nodeID)
 		s.conns[cn] = struct{}{}
+		s.perIP[ip]++
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go cn.serve()
@@ -469,10 +498,34 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 func (s *Server) removeConn(c *conn) {
+	ip := remoteIP(c.client)
 	s.mu.Lock()
 	delete(s.conns, c)
+	if s.perIP[ip]--; s.perIP[ip] <= 0 {
+		delete(s.perIP, ip)
+	}
 	s.mu.Unlock()
 }
+
+// remoteIP is the address a connection comes from, without its port.
+func remoteIP(c net.Conn) string {
+	host, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return host
+}
+
+// shouldLogRefusal rate-limits the warning about refused connections.
+func (s *Server) shouldLogRefusal() bool {
+	now := time.Now().UnixNano()
+	last := s.refusalLogged.Load()
+	return now-last >= int64(time.Minute) && s.refusalLogged.CompareAndSwap(last, now)
+}
+
+// authRequired reports whether client connections must authenticate
+// before the interceptors run (see saslState).
+func (s *Server) authRequired() bool { return s.saslUpstream.Load() }
 
 // discover asks the upstream cluster for its brokers through an in-process
 // connection to the proxy itself, so listeners exist before any client asks;
@@ -493,6 +546,14 @@ func (s *Server) discover(ctx context.Context) error {
 		if errors.Is(err, ErrBrokerPort) {
 			return err
 		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			// The broker closed an unauthenticated connection: a SASL
+			// listener. Fail closed: interceptors wait for each
+			// client's authentication from now on.
+			if !s.saslUpstream.Swap(true) {
+				s.log.Warn("the upstream broker closed an unauthenticated connection: treating it as a SASL listener (interceptors run only for authenticated clients); set upstream.sasl.* to say so", "err", err)
+			}
+		}
 		s.log.Warn("broker discovery at start-up failed; listeners open on first metadata", "err", err)
 	}
 	return nil
@@ -502,5 +563,3 @@ func (s *Server) discover(ctx context.Context) error {
 // the node id puts it past 65535).
 var ErrBrokerPort = errors.New("cannot open the listener of a broker")
 
-// readerPool holds the 64 KiB bufio.Readers of connections (client and upstream sides).
-var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}

@@ -41,45 +41,70 @@ var ErrNegativeSize = errors.New("negative frame size prefix")
 // Errors: io.EOF when r ends before the first byte of a frame,
 // io.ErrUnexpectedEOF when it ends inside one, ErrFrameTooLarge when the size
 // is above max (nothing past the prefix is read), ErrNegativeSize, or r's
-// error. The buffer is allocated only after the size is checked.
+// error. The buffer grows with the bytes that arrive: a size prefix alone
+// never makes it allocate the size it claims.
 func ReadFrame(r *bufio.Reader, max int32) ([]byte, error) {
 	return readFrame(r, max, nil)
 }
 
-// maxReusedFrame is the largest frame buffer a connection keeps for the next
-// frame (1 MiB, the default batch size of clients, plus headers); larger
-// frames get a buffer of their own that the GC takes back.
-const maxReusedFrame = 1<<20 + 64<<10
-
-// readFrame is ReadFrame reading into buf when it is large enough.
-func readFrame(r *bufio.Reader, max int32, buf []byte) ([]byte, error) {
+// peekSize returns the size prefix of the next frame of r, checked against
+// max, without consuming it.
+func peekSize(r *bufio.Reader, max int32) (int32, error) {
 	head, err := r.Peek(4)
 	if err != nil {
 		if errors.Is(err, io.EOF) && len(head) > 0 {
-			return nil, io.ErrUnexpectedEOF
+			return 0, io.ErrUnexpectedEOF
 		}
-		return nil, err
+		return 0, err
 	}
 	size := int32(binary.BigEndian.Uint32(head))
 	if size < 0 {
-		return nil, fmt.Errorf("%w: %d", ErrNegativeSize, size)
+		return 0, fmt.Errorf("%w: %d", ErrNegativeSize, size)
 	}
 	if size > max {
-		return nil, fmt.Errorf("%w: %d bytes > %d", ErrFrameTooLarge, size, max)
+		return 0, fmt.Errorf("%w: %d bytes > %d", ErrFrameTooLarge, size, max)
 	}
-	var frame []byte
-	if n := 4 + int(size); cap(buf) >= n {
-		frame = buf[:n]
-	} else {
-		frame = make([]byte, n)
-	}
-	if _, err := io.ReadFull(r, frame); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
+	return size, nil
+}
+
+// frameStep is the first allocation of a frame read whole; the buffer
+// doubles as bytes arrive.
+const frameStep = 64 << 10
+
+// readFrame is ReadFrame reading into buf when it is large enough.
+func readFrame(r *bufio.Reader, max int32, buf []byte) ([]byte, error) {
+	size, err := peekSize(r, max)
+	if err != nil {
 		return nil, err
 	}
+	n := 4 + int(size)
+	var frame []byte
+	if cap(buf) >= n {
+		frame = buf[:n]
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return nil, eofInFrame(err)
+		}
+		return frame, nil
+	}
+	frame = make([]byte, 0, min(n, frameStep))
+	for len(frame) < n {
+		if len(frame) == cap(frame) {
+			frame = append(frame[:cap(frame)], make([]byte, min(cap(frame), n-cap(frame)))...)[:len(frame)]
+		}
+		m, err := r.Read(frame[len(frame):min(n, cap(frame))])
+		frame = frame[:len(frame)+m]
+		if err != nil && len(frame) < n {
+			return nil, eofInFrame(err)
+		}
+	}
 	return frame, nil
+}
+
+func eofInFrame(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // RequestHeader is the part of a request the proxy decodes: request header

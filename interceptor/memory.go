@@ -1,0 +1,324 @@
+package interceptor
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+	"github.com/pierrec/lz4/v4"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"golang.org/x/sync/semaphore"
+)
+
+// Configuration keys of the memory bounds (docs/SECURITY.md). They are
+// proxy settings: the chain takes them through Options.
+const (
+	// KeyMemoryMax is the memory the proxy's variable buffers may hold at
+	// once, in bytes, shared by every connection: frames read whole, and
+	// the interceptors' decompressed records, decoded records, rewritten
+	// batches and downloaded payloads.
+	KeyMemoryMax = "proxy.memory.max.bytes"
+	// KeyBatchDecompressedMax bounds the bytes one record batch may
+	// decompress to.
+	KeyBatchDecompressedMax = "interceptor.batch.decompressed.max.bytes"
+	// KeyRequestDecompressedMax bounds the bytes all batches of one
+	// request (or fetch response) may decompress to together.
+	KeyRequestDecompressedMax = "interceptor.request.decompressed.max.bytes"
+)
+
+// Defaults of the memory bounds.
+const (
+	DefaultMemoryMax              = 512 << 20
+	DefaultBatchDecompressedMax   = 100 << 20
+	DefaultRequestDecompressedMax = 200 << 20
+)
+
+// Errors of the memory bounds. ErrDecompressedTooLarge is a property of the
+// input (a batch, or a request, that decompresses past its bound): produce
+// answers MESSAGE_TOO_LARGE (a Java producer splits the batch and retries).
+// ErrMemoryBusy means the proxy-wide budget had no room within the call's
+// time budget: produce answers REQUEST_TIMED_OUT (retriable).
+var (
+	ErrDecompressedTooLarge = errors.New("record batch decompresses past the configured bound")
+	ErrMemoryBusy           = errors.New("interceptor memory budget exhausted (" + KeyMemoryMax + ")")
+)
+
+// Memory is the budget of KeyMemoryMax, shared by every call of a chain.
+type Memory struct {
+	sem   *semaphore.Weighted
+	limit int64
+	inUse atomic.Int64
+}
+
+// NewMemory returns a budget of limit bytes (<= 0: DefaultMemoryMax).
+func NewMemory(limit int64) *Memory {
+	if limit <= 0 {
+		limit = DefaultMemoryMax
+	}
+	return &Memory{sem: semaphore.NewWeighted(limit), limit: limit}
+}
+
+// Take takes n bytes for a caller outside the chain (the proxy's frame
+// buffers), waiting while the budget is full until ctx ends. Errors wrap
+// ErrMemoryBusy; n over the whole budget fails at once.
+func (m *Memory) Take(ctx context.Context, n int64) error {
+	l := ledger{mem: m}
+	return l.charge(ctx, n)
+}
+
+// Give returns n bytes Take took.
+func (m *Memory) Give(n int64) {
+	l := ledger{mem: m, held: n}
+	l.give(n)
+}
+
+// InUse returns the bytes charged now (for metrics and tests).
+func (m *Memory) InUse() int64 { return m.inUse.Load() }
+
+// Limit returns the budget's size in bytes.
+func (m *Memory) Limit() int64 { return m.limit }
+
+// bounds are one request's decompression allowance, shared by its
+// partitions' workers.
+type bounds struct {
+	batchMax, requestMax int64
+	decompressed         atomic.Int64
+}
+
+// ledger is one worker's charges against a Memory and its request's
+// bounds. It is used by one goroutine.
+type ledger struct {
+	mem  *Memory
+	req  *bounds
+	held int64
+}
+
+// charge takes n bytes from the budget, waiting while it is full until ctx
+// ends (ErrMemoryBusy).
+func (l *ledger) charge(ctx context.Context, n int64) error {
+	if l == nil || l.mem == nil || n <= 0 {
+		return nil
+	}
+	if n > l.mem.limit {
+		return fmt.Errorf("%w: %d bytes needed at once, the budget is %d", ErrMemoryBusy, n, l.mem.limit)
+	}
+	if err := l.mem.sem.Acquire(ctx, n); err != nil {
+		return fmt.Errorf("%w: no room for %d bytes before the time budget ended", ErrMemoryBusy, n)
+	}
+	l.mem.inUse.Add(n)
+	l.held += n
+	return nil
+}
+
+// give returns n of the held bytes.
+func (l *ledger) give(n int64) {
+	if l == nil || l.mem == nil || n <= 0 {
+		return
+	}
+	n = min(n, l.held)
+	l.held -= n
+	l.mem.inUse.Add(-n)
+	l.mem.sem.Release(n)
+}
+
+// adopt takes over o's charges (o holds nothing afterwards).
+func (l *ledger) adopt(o *ledger) {
+	if l == nil || o == nil {
+		return
+	}
+	l.held += o.held
+	o.held = 0
+}
+
+// release returns everything held.
+func (l *ledger) release() {
+	if l != nil {
+		l.give(l.held)
+	}
+}
+
+// Sizes of the decoded structures a batch's records become, charged with
+// the bytes they come from (a record's header count is bounded by its
+// bytes, but each header is 40 bytes decoded).
+const (
+	recordStructBytes = int64(unsafe.Sizeof(kmsg.Record{}))
+	headerStructBytes = int64(unsafe.Sizeof(kmsg.Header{}))
+)
+
+// chargeStep is how much a growing decompression buffer takes from the
+// budget at a time.
+const chargeStep = 256 << 10
+
+// budgetWriter collects decompressed bytes, charging the ledger as it grows
+// and refusing more than max.
+type budgetWriter struct {
+	ctx     context.Context
+	l       *ledger
+	buf     []byte
+	max     int64
+	charged int64
+	err     error
+}
+
+func (w *budgetWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	if int64(len(w.buf))+int64(len(p)) > w.max {
+		w.err = ErrDecompressedTooLarge
+		return 0, w.err
+	}
+	if need := int64(len(w.buf) + len(p)); need > w.charged {
+		// Doubling (at least chargeStep), never past max: at most twice
+		// the bytes written are charged, and the buffer is copied
+		// O(log n) times.
+		step := max(need-w.charged, min(max(chargeStep, w.charged), w.max-w.charged))
+		if err := w.l.charge(w.ctx, step); err != nil {
+			w.err = err
+			return 0, err
+		}
+		w.charged += step
+		if int64(cap(w.buf)) < w.charged {
+			nb := make([]byte, len(w.buf), w.charged)
+			copy(nb, w.buf)
+			w.buf = nb
+		}
+	}
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+// decompress decompresses a batch's records with the codecs franz-go uses
+// (klauspost gzip, snappy in raw and xerial framing, pierrec lz4, klauspost
+// zstd), streaming into a buffer charged to l as it grows, and stops with
+// ErrDecompressedTooLarge past the batch's or the request's bound. It never
+// allocates from a size the input claims. franz-go's own decompressor takes
+// its bound once, at construction, and cannot charge a shared budget as its
+// output grows: hence this wiring of the same libraries.
+func decompress(ctx context.Context, l *ledger, codec int16, src []byte) ([]byte, error) {
+	limit := int64(1<<62 - 1)
+	if l != nil && l.req != nil {
+		if l.req.batchMax > 0 {
+			limit = l.req.batchMax
+		}
+		if l.req.requestMax > 0 {
+			limit = min(limit, l.req.requestMax-l.req.decompressed.Load())
+		}
+	}
+	w := &budgetWriter{ctx: ctx, l: l, max: max(limit, 0)}
+	var err error
+	switch codec {
+	case 1:
+		err = withPooled(&gzipReaders, func(r *gzip.Reader) error {
+			if err := r.Reset(bytes.NewReader(src)); err != nil {
+				return err
+			}
+			r.Multistream(true)
+			_, err := io.Copy(w, r)
+			return err
+		})
+	case 2:
+		err = unsnappy(w, src)
+	case 3:
+		err = withPooled(&lz4Readers, func(r *lz4.Reader) error {
+			r.Reset(bytes.NewReader(src))
+			_, err := io.Copy(w, r)
+			return err
+		})
+	case 4:
+		err = withPooled(&zstdReaders, func(r *zstdReader) error {
+			if err := r.d.Reset(bytes.NewReader(src)); err != nil {
+				return err
+			}
+			_, err := io.Copy(w, r.d)
+			return err
+		})
+	default:
+		return nil, fmt.Errorf("unknown compression codec %d", codec)
+	}
+	if w.err != nil {
+		err = w.err
+	}
+	if l != nil && l.req != nil {
+		l.req.decompressed.Add(int64(len(w.buf)))
+	}
+	if err != nil {
+		if errors.Is(err, ErrDecompressedTooLarge) {
+			return nil, fmt.Errorf("%w (%s %d, %s %d)", ErrDecompressedTooLarge, KeyBatchDecompressedMax, l.req.batchMax, KeyRequestDecompressedMax, l.req.requestMax)
+		}
+		return nil, err
+	}
+	return w.buf, nil
+}
+
+// xerialHeader starts the snappy framing the Java client writes: a magic,
+// then version and compatible version (int32 each), then blocks of an
+// int32 length and a raw snappy block.
+var xerialMagic = []byte{130, 'S', 'N', 'A', 'P', 'P', 'Y', 0}
+
+func unsnappy(w *budgetWriter, src []byte) error {
+	block := func(b []byte) error {
+		n, err := s2.DecodedLen(b)
+		if err != nil {
+			return err
+		}
+		if int64(len(w.buf))+int64(n) > w.max {
+			return ErrDecompressedTooLarge
+		}
+		out, err := s2.Decode(nil, b)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(out)
+		return err
+	}
+	if len(src) < 16 || !bytes.HasPrefix(src, xerialMagic) {
+		return block(src)
+	}
+	rest := src[16:]
+	for len(rest) > 0 {
+		if len(rest) < 4 {
+			return errors.New("snappy (xerial): truncated block length")
+		}
+		n := int64(binary.BigEndian.Uint32(rest))
+		rest = rest[4:]
+		if n > int64(len(rest)) {
+			return errors.New("snappy (xerial): block longer than its batch")
+		}
+		if err := block(rest[:n]); err != nil {
+			return err
+		}
+		rest = rest[n:]
+	}
+	return nil
+}
+
+type zstdReader struct{ d *zstd.Decoder }
+
+var (
+	gzipReaders = sync.Pool{New: func() any { return new(gzip.Reader) }}
+	lz4Readers  = sync.Pool{New: func() any { return lz4.NewReader(nil) }}
+	zstdReaders = sync.Pool{New: func() any {
+		// Low memory, one goroutine, and a window bound: the decoder's
+		// own allocations stay small whatever the frame header claims.
+		d, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+			zstd.WithDecoderMaxWindow(8<<20), zstd.WithDecoderMaxMemory(1<<31))
+		return &zstdReader{d: d}
+	}}
+)
+
+// withPooled runs fn with a reader from pool and puts it back.
+func withPooled[T any](pool *sync.Pool, fn func(T) error) error {
+	r := pool.Get().(T)
+	defer pool.Put(r)
+	return fn(r)
+}
