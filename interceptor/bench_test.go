@@ -40,7 +40,7 @@ func BenchmarkInterceptProduce(b *testing.B) {
 			b.SetBytes(int64(len(vals) * 1024))
 			for b.Loop() {
 				req := buildRequest(&testing.T{}, map[string][]byte{"t": batch})
-				if out := ch.InterceptProduce(context.Background(), req, allTopics(1 << 20)); !out.Forward {
+				if out := ch.InterceptProduce(context.Background(), req, allTopics(1<<20)); !out.Forward {
 					b.Fatal(fmt.Sprint(out.Answered))
 				}
 			}

@@ -44,7 +44,7 @@ func FuzzRewriteBatch(f *testing.F) {
 			binary.BigEndian.PutUint32(b[crcOffset:], crc32.Checksum(b[attrOffset:], castagnoli))
 		}
 		req := buildRequest(t, map[string][]byte{"t": bytes.Clone(b)})
-		out := ch.InterceptProduce(context.Background(), req, allTopics(1 << 20))
+		out := ch.InterceptProduce(context.Background(), req, allTopics(1<<20))
 		if out.Forward {
 			rest := req.Topics[0].Partitions[0].Records
 			for len(rest) > 0 {

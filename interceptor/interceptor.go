@@ -51,7 +51,7 @@ type Record struct {
 	Batch BatchInfo
 
 	deferred []namedDeferred // work to do once the batch is accepted (produce)
-	led      *ledger    // the worker's memory ledger (Reserve)
+	led      *ledger         // the worker's memory ledger (Reserve)
 }
 
 // Deferred is work an interceptor prepared for a record that must wait

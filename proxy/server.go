@@ -562,4 +562,3 @@ func (s *Server) discover(ctx context.Context) error {
 // ErrBrokerPort: a broker's listener cannot be opened (its port is taken, or
 // the node id puts it past 65535).
 var ErrBrokerPort = errors.New("cannot open the listener of a broker")
-
