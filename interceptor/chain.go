@@ -114,7 +114,7 @@ func (c *Chain) Memory() *Memory { return c.mem }
 func (c *Chain) newBounds() *bounds { return &bounds{batchMax: c.batchMax, requestMax: c.requestMax} }
 
 // ledger starts a worker's (or an outcome's) charges against the budget.
-func (c *Chain) ledger(b *bounds) *ledger { return &ledger{mem: c.mem, req: b} }
+func (c *Chain) ledger(b *bounds) *ledger { return &ledger{mem: c.mem, req: b, wait: c.timeout} }
 
 func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker) {
 	for _, ic := range c.produce {

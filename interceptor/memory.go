@@ -9,6 +9,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/klauspost/compress/gzip"
@@ -100,6 +101,10 @@ type ledger struct {
 	mem  *Memory
 	req  *bounds
 	held int64
+	// wait bounds how long a charge waits for room (the chain's time
+	// budget: work outside an interceptor call is not timed otherwise);
+	// 0: until ctx ends.
+	wait time.Duration
 }
 
 // charge takes n bytes from the budget, waiting while it is full until ctx
@@ -110,6 +115,11 @@ func (l *ledger) charge(ctx context.Context, n int64) error {
 	}
 	if n > l.mem.limit {
 		return fmt.Errorf("%w: %d bytes needed at once, the budget is %d", ErrMemoryBusy, n, l.mem.limit)
+	}
+	if l.wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.wait)
+		defer cancel()
 	}
 	if err := l.mem.sem.Acquire(ctx, n); err != nil {
 		return fmt.Errorf("%w: no room for %d bytes before the time budget ended", ErrMemoryBusy, n)
@@ -177,25 +187,30 @@ func (w *budgetWriter) Write(p []byte) (int, error) {
 		w.err = ErrDecompressedTooLarge
 		return 0, w.err
 	}
-	if need := int64(len(w.buf) + len(p)); need > w.charged {
-		// Doubling (at least chargeStep), never past max: at most twice
-		// the bytes written are charged, and the buffer is copied
-		// O(log n) times.
-		step := max(need-w.charged, min(max(chargeStep, w.charged), w.max-w.charged))
-		if err := w.l.charge(w.ctx, step); err != nil {
+	if need := int64(len(w.buf) + len(p)); need > int64(cap(w.buf)) {
+		// Doubling (at least chargeStep), never past max: the buffer is
+		// copied O(log n) times. The new buffer is charged before it is
+		// made and the old one given back after the copy, so the budget
+		// holds the real peak (both, for a moment).
+		size := max(need, min(max(chargeStep, 2*int64(cap(w.buf))), w.max))
+		if err := w.l.charge(w.ctx, size); err != nil {
 			w.err = err
 			return 0, err
 		}
-		w.charged += step
-		if int64(cap(w.buf)) < w.charged {
-			nb := make([]byte, len(w.buf), w.charged)
-			copy(nb, w.buf)
-			w.buf = nb
-		}
+		nb := make([]byte, len(w.buf), size)
+		copy(nb, w.buf)
+		w.l.give(w.charged)
+		w.buf, w.charged = nb, size
 	}
 	w.buf = append(w.buf, p...)
 	return len(p), nil
 }
+
+// decoderBytes is what a zstd, gzip or lz4 decoder in use holds, charged
+// while it decompresses: zstd's window is bounded at 8 MiB (franz-go
+// writes 64 KiB windows, the Java client at most a few MiB), plus its
+// block buffers.
+const decoderBytes = 10 << 20
 
 // decompress decompresses a batch's records with the codecs franz-go uses
 // (klauspost gzip, snappy in raw and xerial framing, pierrec lz4, klauspost
@@ -215,6 +230,12 @@ func decompress(ctx context.Context, l *ledger, codec int16, src []byte) ([]byte
 		}
 	}
 	w := &budgetWriter{ctx: ctx, l: l, max: max(limit, 0)}
+	if codec != 2 { // snappy decodes in place
+		if err := l.charge(ctx, decoderBytes); err != nil {
+			return nil, err
+		}
+		defer l.give(decoderBytes)
+	}
 	var err error
 	switch codec {
 	case 1:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -45,6 +46,8 @@ type TopicConfigs struct {
 	ttl     time.Duration
 	unknown time.Duration
 
+	requests atomic.Int64 // DescribeConfigs rounds made
+
 	mu       sync.Mutex
 	m        map[string]cachedConfig
 	inflight map[string]*configCall
@@ -72,6 +75,10 @@ func NewTopicConfigs(cl *kgo.Client, ttl time.Duration) *TopicConfigs {
 	return &TopicConfigs{cl: cl, ttl: ttl, unknown: DefaultUnknownTopicConfigTTL,
 		m: map[string]cachedConfig{}, inflight: map[string]*configCall{}}
 }
+
+// Requests returns how many times the cache asked the cluster (one
+// DescribeConfigs round each, however many topics), for metrics.
+func (t *TopicConfigs) Requests() int64 { return t.requests.Load() }
 
 // Forget drops topic's cached configuration: the next lookup asks the
 // cluster.
@@ -154,6 +161,7 @@ type configBatch struct{ calls map[string]*configCall }
 // describe asks the cluster for topics and completes their calls; on
 // failure a stale cached entry is used where there is one.
 func (t *TopicConfigs) describe(ctx context.Context, topics []string, b *configBatch) {
+	t.requests.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, topicConfigTimeout)
 	defer cancel()
 	adm := kadm.NewClient(t.cl)

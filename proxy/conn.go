@@ -226,7 +226,11 @@ func (c *conn) readRequest() bool {
 		c.readError(err)
 		return false
 	}
-	head, _ := c.cr.Peek(int(min(4+int64(size), readerSize)))
+	head, perr := c.cr.Peek(int(min(4+int64(size), readerSize)))
+	if perr != nil && len(head) < 4+int(size) {
+		c.readError(eofInFrame(perr)) // the client went away mid-frame
+		return false
+	}
 	h, err := ParseRequestHeader(head[4:])
 	if err != nil && !(errors.Is(err, ErrTruncatedHeader) && len(head) < 4+int(size)) {
 		if errors.Is(err, ErrUnsupportedVersion) && h.Key == apiVersionsKey {
@@ -321,15 +325,19 @@ func (c *conn) wantsResponse(key, version int16) bool {
 }
 
 // readWhole reads a frame of size bytes (after its prefix) into a buffer
-// charged to the memory budget, which release gives back. The buffer grows
-// with the bytes that arrive (peekSize checked the size).
+// that grows with the bytes that arrive, each growth charged to the memory
+// budget first (a client that stalls mid-frame holds only what it sent);
+// release gives it back.
 func (c *conn) readWhole(size int32) ([]byte, func(), error) {
-	n := int64(4 + size)
-	if err := c.s.mem.Take(c.ctx, n); err != nil {
-		return nil, nil, err
-	}
-	release := func() { c.s.mem.Give(n) }
-	frame, err := readFrame(c.cr, c.s.cfg.MaxRequestBytes, nil)
+	var charged int64
+	release := func() { c.s.mem.Give(charged) }
+	frame, err := readFrameCharged(c.cr, c.s.cfg.MaxRequestBytes, func(n int64) error {
+		if err := c.s.mem.Take(c.ctx, n); err != nil {
+			return err
+		}
+		charged += n
+		return nil
+	})
 	if err != nil {
 		release()
 		return nil, nil, err
@@ -598,18 +606,22 @@ func (c *conn) answer(f *inflight) bool {
 		c.done1(f, int64(4+size))
 		return true
 	}
-	n := int64(4 + size)
-	if err := c.s.mem.Take(c.ctx, n); err != nil {
-		if !c.closed() {
-			c.fail("memory", "no room in proxy.memory.max.bytes for a response", err)
+	var charged int64
+	defer func() { c.s.mem.Give(charged) }()
+	frame, err := readFrameCharged(c.ur, c.s.cfg.MaxResponseBytes, func(n int64) error {
+		if err := c.s.mem.Take(c.ctx, n); err != nil {
+			return err
 		}
-		return false
-	}
-	defer c.s.mem.Give(n)
-	frame, err := readFrame(c.ur, c.s.cfg.MaxResponseBytes, nil)
+		charged += n
+		return nil
+	})
 	if err != nil {
 		if !c.closed() {
-			c.fail("upstream_io", "read from the upstream broker failed", err)
+			kind := "upstream_io"
+			if errors.Is(err, interceptor.ErrMemoryBusy) {
+				kind = "memory"
+			}
+			c.fail(kind, "read from the upstream broker failed", err)
 		}
 		return false
 	}

@@ -26,6 +26,19 @@ type metrics struct {
 	idleClosed       prometheus.Counter
 }
 
+// observe registers the gauges read from the server's state: the memory
+// budget in use, and the topic configuration lookups of the interceptors.
+func (m *metrics) observe(s *Server) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ferry_proxy_memory_bytes",
+		Help: "Bytes of proxy.memory.max.bytes in use now: frames read whole and interceptor work."},
+		func() float64 { return float64(s.mem.InUse()) }))
+	if s.ic != nil {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ferry_proxy_topic_config_requests_total",
+			Help: "DescribeConfigs rounds the interceptors made to read topics' max.message.bytes (one per round, however many topics)."},
+			func() float64 { return float64(s.ic.configs.Requests()) }))
+	}
+}
+
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.connsActive = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_proxy_client_connections",

@@ -119,6 +119,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	s.m.observe(s)
 	return s, nil
 }
 
@@ -562,3 +563,28 @@ func (s *Server) discover(ctx context.Context) error {
 // ErrBrokerPort: a broker's listener cannot be opened (its port is taken, or
 // the node id puts it past 65535).
 var ErrBrokerPort = errors.New("cannot open the listener of a broker")
+
+// Memory bound of a proxy process (docs/SECURITY.md): the budget, a fixed
+// allowance for the program's mapped code (about 50 MiB of the binary),
+// the runtime and garbage not yet collected, and a per-connection allowance
+// (two 32 KiB read buffers, goroutine stacks, TLS state).
+const (
+	baseMemoryBytes          = 128 << 20
+	codeMemoryBytes          = 80 << 20 // of baseMemoryBytes, not the Go heap's
+	perConnectionMemoryBytes = 100 << 10
+)
+
+// MemoryBound is the peak resident memory, in bytes, the proxy is built to
+// stay under with connections client connections allowed:
+// proxy.memory.max.bytes + 128 MiB + 100 KiB per connection.
+func (s *Server) MemoryBound(connections int) int64 {
+	return s.cfg.MemoryMax + baseMemoryBytes + int64(connections)*perConnectionMemoryBytes
+}
+
+// GoMemoryLimit is the soft memory limit `ferry proxy` gives the Go
+// runtime (unless GOMEMLIMIT is set): MemoryBound for max.connections less
+// the 80 MiB the runtime does not count (the mapped binary and slack), so
+// that garbage is collected before the bound is reached.
+func (s *Server) GoMemoryLimit() int64 {
+	return s.MemoryBound(s.cfg.MaxConnections) - codeMemoryBytes
+}

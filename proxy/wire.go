@@ -78,18 +78,41 @@ func readFrame(r *bufio.Reader, max int32, buf []byte) ([]byte, error) {
 		return nil, err
 	}
 	n := 4 + int(size)
-	var frame []byte
 	if cap(buf) >= n {
-		frame = buf[:n]
+		frame := buf[:n]
 		if _, err := io.ReadFull(r, frame); err != nil {
 			return nil, eofInFrame(err)
 		}
 		return frame, nil
 	}
-	frame = make([]byte, 0, min(n, frameStep))
+	return readFrameCharged(r, max, nil)
+}
+
+// readFrameCharged is ReadFrame calling charge(n) before each growth of
+// its buffer by n bytes (nil: no charge); charge's error ends the read.
+func readFrameCharged(r *bufio.Reader, max int32, charge func(int64) error) ([]byte, error) {
+	size, err := peekSize(r, max)
+	if err != nil {
+		return nil, err
+	}
+	n := 4 + int(size)
+	grow := func(frame []byte, by int) ([]byte, error) {
+		if charge != nil {
+			if err := charge(int64(by)); err != nil {
+				return nil, err
+			}
+		}
+		return append(frame[:cap(frame)], make([]byte, by)...)[:len(frame)], nil
+	}
+	frame, err := grow(nil, min(n, frameStep))
+	if err != nil {
+		return nil, err
+	}
 	for len(frame) < n {
 		if len(frame) == cap(frame) {
-			frame = append(frame[:cap(frame)], make([]byte, min(cap(frame), n-cap(frame)))...)[:len(frame)]
+			if frame, err = grow(frame, min(cap(frame), n-cap(frame))); err != nil {
+				return nil, err
+			}
 		}
 		m, err := r.Read(frame[len(frame):min(n, cap(frame))])
 		frame = frame[:len(frame)+m]
