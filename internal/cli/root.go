@@ -54,7 +54,7 @@ func RunIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintln(stderr, "ferry: "+oneLine(err.Error()))
+	fmt.Fprintln(stderr, "ferry: "+oneLine(foldSuggestion(err.Error())))
 	var ue *usageError
 	if errors.As(err, &ue) || !a.ran {
 		// Errors before a command's RunE are cobra's: unknown command or
@@ -147,6 +147,17 @@ func (e *usageError) Unwrap() error { return e.err }
 
 func usageErrorf(format string, args ...any) error {
 	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+// foldSuggestion turns cobra's "unknown command" advice, which spans lines
+// ("...\n\nDid you mean this?\n\tproduce\n"), into "... (did you mean
+// produce?)".
+func foldSuggestion(s string) string {
+	head, tail, ok := strings.Cut(s, "\n\nDid you mean this?\n")
+	if !ok {
+		return s
+	}
+	return head + " (did you mean " + strings.Join(strings.Fields(tail), " or ") + "?)"
 }
 
 // oneLine folds a multi-line error (errors.Join) onto one line.
