@@ -164,7 +164,7 @@ func (s *settings) connect(ctx context.Context, extra ...kgo.Opt) (*kgo.Client, 
 	if err := cl.Ping(pctx); err != nil {
 		cl.Close()
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("connecting to Kafka at %s: %w", strings.Join(s.brokers, ","), context.Cause(ctx))
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %s", pingTimeout)
@@ -204,7 +204,28 @@ func (s *settings) open(ctx context.Context, extra ...kgo.Opt) (payloadstore.Pay
 		store.Close()
 		return nil, nil, nil, err
 	}
-	return store, cl, func() { cl.Close(); store.Close() }, nil
+	return store, cl, func() {
+		closeWithin(cl.Close, "the Kafka client")
+		closeWithin(func() { store.Close() }, "the payload store")
+	}, nil
+}
+
+// closeTimeout bounds closing the Kafka client or the store at the end of a
+// command, so that an unanswered request cannot hold the command up.
+const closeTimeout = 5 * time.Second
+
+// closeWithin runs close, waiting for it at most closeTimeout.
+func closeWithin(close func(), what string) {
+	done := make(chan struct{}, 1)
+	go func() {
+		defer func() { done <- struct{}{} }()
+		close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeTimeout):
+		slog.Warn("did not close in time; exiting without waiting", "what", what, "waited", closeTimeout)
+	}
 }
 
 // openStore opens the configured payload store, or returns a stand-in that
@@ -285,6 +306,19 @@ func recordBytes(r *kgo.Record) int64 {
 		n += int64(len(h.Key) + len(h.Value))
 	}
 	return n
+}
+
+// keyReferencePath returns the full payload path of an offloaded record's
+// key.
+func keyReferencePath(r *kgo.Record) string {
+	if !largemessage.IsKeyOffloaded(r) {
+		return ""
+	}
+	ref, err := largemessage.DecodeReference(r.Key)
+	if err != nil {
+		return ""
+	}
+	return ref.FullPayloadPath
 }
 
 // referencePath returns the full payload path of an offloaded record's value.
