@@ -100,7 +100,7 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 	}
 	c := &consumer{
 		cl:  cl,
-		de:  largemessage.NewDeserializer(store, s.cfg.SkipNotFound),
+		de:  s.cfg.NewDeserializer(store),
 		out: f.out, stdout: a.stdout,
 	}
 	return c.run(ctx, f.n, f.idle)
