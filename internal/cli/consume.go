@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/ferrykit/ferry/largemessage"
 )
 
@@ -201,9 +202,10 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		return err
 	}
 	defer rc.Close()
+	body := ctxio.Reader(ctx, rc) // a long copy (a local file store) stops with ctx too
 	offloaded := largemessage.IsOffloaded(r)
 	if c.out == "" {
-		if n, err := io.Copy(c.stdout, rc); err != nil {
+		if n, err := io.Copy(c.stdout, body); err != nil {
 			c.partial = n > 0
 			return c.recordErr(r, err)
 		}
@@ -214,7 +216,7 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(tmp, rc)
+	n, err := io.Copy(tmp, body)
 	if err == nil {
 		err = tmp.Chmod(0o644) // CreateTemp makes 0600; the output is an ordinary file
 	}

@@ -437,3 +437,26 @@ func TestFailedProduceSummary(t *testing.T) {
 		t.Errorf("store objects left: %v", objs)
 	}
 }
+
+// SIGINT while a large file is being hashed (before its upload) stops ferry
+// produce at once: the hash reads stop with the context.
+func TestInterruptWhileHashing(t *testing.T) {
+	_, brokers := cluster(t)
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(16 << 30); err != nil { // sparse: no disk used, long to hash
+		t.Fatal(err)
+	}
+	f.Close()
+	p := startFerry(t, "produce", "--brokers", brokers, "-t", "t", "--store", filepath.Join(dir, "store"), big)
+	time.Sleep(1500 * time.Millisecond)
+	p.signal(t, os.Interrupt)
+	if p.code != 130 {
+		t.Errorf("exit %d, want 130", p.code)
+	}
+	oneErrorLine(t, runResult{stderr: p.stderr.String()}, "ferry: interrupted by SIGINT while producing "+big+"; nothing was produced")
+}

@@ -311,13 +311,8 @@ func (s *sender) needStore(name string, size int64, topic string, l largemessage
 // reference.
 func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *os.File, size int64) (sent, error) {
 	out := sent{Name: name}
-	var p payloadstore.Payload
-	var err error
-	if s.progress {
-		p, err = hashWithProgress(ctx, f, size, s.bar(size, "hashing   "+name))
-	} else {
-		p, err = payloadstore.FilePayload(f)
-	}
+	// Hashing a large file takes a while: it stops with ctx.
+	p, err := hashWithProgress(ctx, f, size, s.bar(size, "hashing   "+name))
 	if err != nil {
 		return out, fmt.Errorf("%s: reading: %w", name, err)
 	}
@@ -387,8 +382,8 @@ func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, 
 	return s.stream(ctx, topic, name, key, tmp, n)
 }
 
-// hashWithProgress is payloadstore.FilePayload with a progress bar and
-// cancellation.
+// hashWithProgress is payloadstore.FilePayload with cancellation and a
+// progress bar (none when bar is nil).
 func hashWithProgress(ctx context.Context, f *os.File, size int64, bar *progress) (payloadstore.Payload, error) {
 	defer bar.finish()
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
