@@ -116,6 +116,7 @@ func TestCLIInterruptUnansweringBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	accepted := make(chan struct{}, 100)
 	go func() {
 		var held []net.Conn // accepted, never answered
 		defer func() {
@@ -129,6 +130,10 @@ func TestCLIInterruptUnansweringBroker(t *testing.T) {
 				return
 			}
 			held = append(held, c)
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	dir := t.TempDir()
@@ -148,7 +153,12 @@ func TestCLIInterruptUnansweringBroker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startFerryProc(t, bin, tc.args...)
-			time.Sleep(1500 * time.Millisecond)
+			select { // connecting, signals handled
+			case <-accepted:
+			case <-time.After(time.Minute):
+				t.Fatal("ferry did not connect")
+			}
+			time.Sleep(300 * time.Millisecond)
 			took := p.interrupt(t, tc.sig)
 			if p.code != tc.code {
 				t.Errorf("exit %d, want %d", p.code, tc.code)

@@ -122,13 +122,14 @@ func (c *child) signal(t *testing.T, sig os.Signal) {
 }
 
 // silentListener accepts connections and never answers: a broker that
-// hangs.
-func silentListener(t *testing.T) string {
+// hangs. The channel gets a value at each connection.
+func silentListener(t *testing.T) (string, <-chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	accepted := make(chan struct{}, 100)
 	var mu sync.Mutex
 	var conns []net.Conn
 	go func() {
@@ -140,6 +141,10 @@ func silentListener(t *testing.T) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
 		}
 	}()
 	t.Cleanup(func() {
@@ -150,7 +155,7 @@ func silentListener(t *testing.T) string {
 			c.Close()
 		}
 	})
-	return ln.Addr().String()
+	return ln.Addr().String(), accepted
 }
 
 // cluster is an in-process Kafka with a one-partition topic "t" whose
@@ -245,7 +250,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 // ferry consume stop on SIGINT (exit 130) and SIGTERM (exit 143) at once,
 // saying so in one line.
 func TestInterruptSilentBroker(t *testing.T) {
-	addr := silentListener(t)
+	addr, accepted := silentListener(t)
 	dir := t.TempDir()
 	f, _ := randomFile(t, dir, "f", 100, 13)
 	for _, tc := range []struct {
@@ -260,7 +265,12 @@ func TestInterruptSilentBroker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startFerry(t, tc.args...)
-			time.Sleep(time.Second) // connecting
+			select { // connecting, signals handled
+			case <-accepted:
+			case <-time.After(60 * time.Second):
+				t.Fatal("ferry did not connect")
+			}
+			time.Sleep(300 * time.Millisecond)
 			c.signal(t, tc.sig)
 			if c.code != tc.code {
 				t.Errorf("exit %d, want %d", c.code, tc.code)
@@ -453,7 +463,8 @@ func TestInterruptWhileHashing(t *testing.T) {
 	}
 	f.Close()
 	p := startFerry(t, "produce", "--brokers", brokers, "-t", "t", "--store", filepath.Join(dir, "store"), big)
-	time.Sleep(1500 * time.Millisecond)
+	waitFor(t, "the store's directory", func() bool { _, err := os.Stat(filepath.Join(dir, "store")); return err == nil })
+	time.Sleep(500 * time.Millisecond) // hashing
 	p.signal(t, os.Interrupt)
 	if p.code != 130 {
 		t.Errorf("exit %d, want 130", p.code)
