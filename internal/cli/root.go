@@ -135,7 +135,11 @@ its topic's max.message.bytes has its value published to a payload store
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
-max.request.size and the large.message.* keys).`,
+max.request.size and the large.message.* keys).
+
+Errors are one line on stderr. Exit status: 0 done, 1 failed, 2 usage error
+(flags, arguments, properties, a malformed store URL), 130 stopped by
+SIGINT (Ctrl-C), 143 by SIGTERM; a second signal exits without cleaning up.`,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
