@@ -2,8 +2,10 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -470,4 +472,29 @@ func TestInterruptWhileHashing(t *testing.T) {
 		t.Errorf("exit %d, want 130", p.code)
 	}
 	oneErrorLine(t, runResult{stderr: p.stderr.String()}, "ferry: interrupted by SIGINT while producing "+big+"; nothing was produced")
+}
+
+func TestProduceStoppedMessage(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(&Interrupted{Signal: os.Interrupt})
+	done := []sent{{Name: "a", Topic: "t", Partition: 0, Offset: 5}}
+	err := produceStopped(ctx, []string{"a", "b", "-"}, done, nil)
+	if want := "interrupted by SIGINT before producing b; produced 1 of 3 inputs: a t/0@5; not produced: b, standard input"; err.Error() != want {
+		t.Errorf("got  %q\nwant %q", err, want)
+	}
+	var intr *Interrupted
+	if !errors.As(err, &intr) || intr.ExitCode() != 130 {
+		t.Errorf("the cause is not in the chain: %v", err)
+	}
+	var inputs []string
+	for i := range 13 {
+		inputs = append(inputs, fmt.Sprint("f", i))
+	}
+	err = produceStopped(context.Background(), inputs, nil, &sendError{name: "f0", err: errors.New("boom"), notes: []string{"its payload x was deleted"}})
+	if want := "f0: boom; its payload x was deleted; nothing was produced"; err.Error() != want {
+		t.Errorf("got  %q\nwant %q", err, want)
+	}
+	if got, want := listSome(inputs), "f0, f1, f2, f3, f4, f5, f6, f7, f8, f9 and 3 more"; got != want {
+		t.Errorf("listSome = %q, want %q", got, want)
+	}
 }

@@ -166,7 +166,7 @@ func produceStopped(ctx context.Context, inputs []string, done []sent, err error
 	var msg string
 	switch {
 	case interrupted && err == nil:
-		msg = context.Cause(ctx).Error()
+		msg = context.Cause(ctx).Error() + " before producing " + inputName(inputs[len(done)])
 	case interrupted:
 		msg = context.Cause(ctx).Error() + " while producing " + inputName(inputs[len(done)])
 		var se *sendError
