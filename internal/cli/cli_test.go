@@ -306,7 +306,7 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud", "demo"}, 2, "--log-level"},
 		{"unreachable broker (produce)", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", f}, 1, "cannot reach Kafka at 127.0.0.1:1: "},
 		{"unreachable broker (consume)", []string{"consume", "--brokers", "127.0.0.1:1", "--topic", "t"}, 1, "cannot reach Kafka at 127.0.0.1:1: "},
-		{"bad store", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "nope://x", f}, 2, "cannot open payload store nope://x"},
+		{"bad store", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "nope://x", f}, 2, `--store "nope://x": not a store URL: unknown scheme "nope"`},
 		// Found by review: secrets in a bad store URL are not echoed.
 		{"bad store URL with secrets", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "s3://AKIAX:TopSecret1@b/%zz?sig=TopSecret2", f}, 2, "malformed URL"},
 		{"store URL with credentials", []string{"produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", "s3://AKIAX:TopSecret1@b/p?sig=TopSecret2&x-amz-security-token=TopSecret3", f}, 2, "credentials in the URL are not accepted"},

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/ferrykit/ferry/largemessage"
 )
 
@@ -42,7 +43,9 @@ goes to standard output:
   TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded key="KEY" -> FILE
 
 ferry stops after -n N records, or once no record has arrived for
---timeout (default 10s; 0 waits for ever, until Ctrl-C).
+--timeout (default 10s; 0 waits for ever, until Ctrl-C). Ctrl-C (SIGINT) or
+SIGTERM stops it at once: exit 130 (143 for SIGTERM), saying how many
+records were written.
 
 A record that cannot be resolved (payload missing, digest mismatch, store
 unreachable) stops ferry with an error naming its topic, partition and
@@ -98,7 +101,7 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 	}
 	c := &consumer{
 		cl:  cl,
-		de:  largemessage.NewDeserializer(store, s.cfg.SkipNotFound),
+		de:  s.cfg.NewDeserializer(store),
 		out: f.out, stdout: a.stdout,
 	}
 	return c.run(ctx, f.n, f.idle)
@@ -109,6 +112,25 @@ type consumer struct {
 	de     *largemessage.Deserializer
 	out    string
 	stdout io.Writer
+
+	last    *kgo.Record // the last record written out
+	partial bool        // a value was cut short on standard output
+}
+
+// stopped is the error of a consume interrupted (ctx ended) after done
+// records, while cur (nil: none) was being written.
+func (c *consumer) stopped(ctx context.Context, done int, cur *kgo.Record) error {
+	msg := fmt.Sprintf("%v after %d record%s", context.Cause(ctx), done, map[bool]string{true: "s"}[done != 1])
+	if c.last != nil {
+		msg += fmt.Sprintf(" (the last %s/%d@%d)", c.last.Topic, c.last.Partition, c.last.Offset)
+	}
+	switch {
+	case cur != nil && c.partial:
+		msg += fmt.Sprintf("; the value of %s/%d@%d on standard output is incomplete", cur.Topic, cur.Partition, cur.Offset)
+	case cur != nil:
+		msg += fmt.Sprintf("; %s/%d@%d was not written", cur.Topic, cur.Partition, cur.Offset)
+	}
+	return fmt.Errorf("%s%w", msg, noText{context.Cause(ctx)})
 }
 
 // run consumes until max records (0: no limit) or until idle passes without
@@ -127,8 +149,8 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 		fs := c.cl.PollRecords(pctx, want)
 		timedOut := pctx.Err() != nil
 		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return c.stopped(ctx, done, nil)
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
@@ -142,8 +164,12 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 		recs := fs.Records()
 		for _, r := range recs {
 			if err := c.one(ctx, r); err != nil {
+				if ctx.Err() != nil {
+					return c.stopped(ctx, done, r)
+				}
 				return err
 			}
+			c.last = r
 			done++
 		}
 		if len(recs) == 0 && timedOut {
@@ -176,9 +202,11 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		return err
 	}
 	defer rc.Close()
+	body := ctxio.Reader(ctx, rc) // a long copy (a local file store) stops with ctx too
 	offloaded := largemessage.IsOffloaded(r)
 	if c.out == "" {
-		if _, err := io.Copy(c.stdout, rc); err != nil {
+		if n, err := io.Copy(c.stdout, body); err != nil {
+			c.partial = n > 0
 			return c.recordErr(r, err)
 		}
 		return nil
@@ -188,7 +216,7 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(tmp, rc)
+	n, err := io.Copy(tmp, body)
 	if err == nil {
 		err = tmp.Chmod(0o644) // CreateTemp makes 0600; the output is an ordinary file
 	}

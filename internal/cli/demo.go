@@ -130,7 +130,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	s.brokers = cluster.ListenAddrs()
 	s.cfg.StoreURL = "file://" + filepath.ToSlash(storeDir)
 
-	store, cl, closeAll, err := s.open(ctx)
+	snd, cl, closeAll, err := s.openSender(ctx, f.progress || isTerminal(a.stderr), a.stderr)
 	if err != nil {
 		return err
 	}
@@ -138,12 +138,6 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, demoPartitions, 1, nil, demoTopic); err != nil {
 		return fmt.Errorf("creating topic %s: %w", demoTopic, err)
 	}
-	prod, err := largemessage.NewProducer(cl, store, s.cfg)
-	if err != nil {
-		return &usageError{err: err}
-	}
-	snd := &sender{prod: prod, store: store, hasStore: true, codec: s.cfg.Codec,
-		progress: f.progress || isTerminal(a.stderr), stderr: a.stderr}
 	l, cut := snd.cutoff(ctx, demoTopic)
 
 	w := a.stdout
@@ -181,7 +175,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 		produced += it.size
 	}
 	if len(recs) > 0 {
-		for _, res := range prod.ProduceSync(ctx, recs...) {
+		for _, res := range snd.prod.ProduceSync(ctx, recs...) {
 			if res.Err != nil {
 				return fmt.Errorf("producing %s: %w", byRec[res.Record].key, res.Err)
 			}
@@ -223,7 +217,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 
 	// Consume everything back, streaming each value into a hasher.
 	start = time.Now()
-	if err := demoConsume(ctx, s, store, items); err != nil {
+	if err := demoConsume(ctx, s, snd.store, items); err != nil {
 		return err
 	}
 	consumeTime := time.Since(start)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,12 +51,8 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 	if brokersFlag != "" {
 		p[keyBootstrap] = brokersFlag
 	}
-	if storeFlag != "" {
-		u, err := normalizeStoreURL(storeFlag)
-		if err != nil {
-			return nil, usageErrorf("--store %q: %v", storeFlag, err)
-		}
-		p[largemessage.KeyStoreURL] = u
+	if err := a.applyStoreURL(p, storeFlag); err != nil {
+		return nil, err
 	}
 	s := &settings{props: p}
 	if err := warnIgnored(p); err != nil {
@@ -96,17 +91,38 @@ func warnIgnored(p map[string]string) error {
 	return nil
 }
 
-// normalizeStoreURL accepts a store URL, or a plain directory path which
-// becomes file://ABS.
-func normalizeStoreURL(s string) (string, error) {
-	if strings.Contains(s, "://") {
-		return s, nil
+// applyStoreURL parses the store URL strictly (parseStoreURL): --store
+// when given, else large.message.payload.store.url from -X or --config, and
+// sets the property to the result. Errors are usage errors naming where the
+// URL came from.
+func (a *app) applyStoreURL(p map[string]string, storeFlag string) error {
+	raw := storeFlag
+	if raw == "" {
+		var ok bool
+		if raw, ok = p[largemessage.KeyStoreURL]; !ok {
+			return nil
+		}
 	}
-	abs, err := filepath.Abs(s)
+	u, err := parseStoreURL(raw)
 	if err != nil {
-		return "", err
+		if storeFlag != "" {
+			return usageErrorf("--store %q: %v", shownStoreURL(raw), err)
+		}
+		return usageErrorf("%s: %v", a.propertySetting(largemessage.KeyStoreURL, shownStoreURL(raw)), err)
 	}
-	return "file://" + filepath.ToSlash(abs), nil
+	p[largemessage.KeyStoreURL] = u
+	return nil
+}
+
+// propertySetting shows the property key set to value, and where: -X
+// key="value", or key="value" in FILE (--config).
+func (a *app) propertySetting(key, value string) string {
+	for _, o := range a.overrides {
+		if k, _, err := props.ParseOverride(o); err == nil && k == key {
+			return fmt.Sprintf("-X %s=%q", key, value)
+		}
+	}
+	return fmt.Sprintf("%s=%q in %s", key, value, a.configFile)
 }
 
 // clientOpts maps the properties onto franz-go options.
@@ -148,7 +164,7 @@ func (s *settings) connect(ctx context.Context, extra ...kgo.Opt) (*kgo.Client, 
 	if err := cl.Ping(pctx); err != nil {
 		cl.Close()
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("connecting to Kafka at %s: %w", strings.Join(s.brokers, ","), context.Cause(ctx))
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %s", pingTimeout)
@@ -188,7 +204,28 @@ func (s *settings) open(ctx context.Context, extra ...kgo.Opt) (payloadstore.Pay
 		store.Close()
 		return nil, nil, nil, err
 	}
-	return store, cl, func() { cl.Close(); store.Close() }, nil
+	return store, cl, func() {
+		closeWithin(cl.Close, "the Kafka client")
+		closeWithin(func() { store.Close() }, "the payload store")
+	}, nil
+}
+
+// closeTimeout bounds closing the Kafka client or the store at the end of a
+// command, so that an unanswered request cannot hold the command up.
+const closeTimeout = 5 * time.Second
+
+// closeWithin runs close, waiting for it at most closeTimeout.
+func closeWithin(close func(), what string) {
+	done := make(chan struct{}, 1)
+	go func() {
+		defer func() { done <- struct{}{} }()
+		close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeTimeout):
+		slog.Warn("did not close in time; exiting without waiting", "what", what, "waited", closeTimeout)
+	}
 }
 
 // openStore opens the configured payload store, or returns a stand-in that
@@ -269,6 +306,19 @@ func recordBytes(r *kgo.Record) int64 {
 		n += int64(len(h.Key) + len(h.Value))
 	}
 	return n
+}
+
+// keyReferencePath returns the full payload path of an offloaded record's
+// key.
+func keyReferencePath(r *kgo.Record) string {
+	if !largemessage.IsKeyOffloaded(r) {
+		return ""
+	}
+	ref, err := largemessage.DecodeReference(r.Key)
+	if err != nil {
+		return ""
+	}
+	return ref.FullPayloadPath
 }
 
 // referencePath returns the full payload path of an offloaded record's value.

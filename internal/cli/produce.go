@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
-
-	"github.com/ferrykit/ferry/largemessage"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/ferrykit/ferry/largemessage"
 )
 
 type produceFlags struct {
@@ -37,9 +38,20 @@ and spooled to a temporary file beyond it.
 
 --store (or large.message.payload.store.url) names the payload store, e.g.
 file:///var/ferry or a directory path; it is needed only when a record must
-be offloaded. One line per record goes to standard output:
+be offloaded. It is a URL (s3://BUCKET/PREFIX, gs://, azblob://,
+file:///DIR, mem://) or a directory path; "s3:/bucket" or "file:dir" are
+refused, not taken as folders. One line per record goes to standard output:
   TOPIC/PARTITION@OFFSET SIZE bytes inline
-  TOPIC/PARTITION@OFFSET SIZE bytes offloaded FULL-PAYLOAD-PATH`,
+  TOPIC/PARTITION@OFFSET SIZE bytes offloaded FULL-PAYLOAD-PATH
+
+When a record fails, the payload published for it is deleted (unless it is
+named by its content and may be shared) and the error, one line on stderr,
+says so and lists the inputs produced before it. Ctrl-C (SIGINT) or SIGTERM
+stops ferry at once, even while the broker does not answer: exit 130 (143
+for SIGTERM), with one line naming the inputs produced (and their offsets)
+and what became of the interrupted record's payload: deleted, or kept when
+its produce request was sent and not answered (the record may be in the
+topic; ferry gc removes the payload if not).`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageErrorf("produce: name at least one FILE, or - for standard input (see ferry produce --help)")
@@ -85,15 +97,20 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 	if err != nil {
 		return err
 	}
-	store, cl, closeAll, err := s.open(ctx)
+	snd, cl, closeAll, err := s.openSender(ctx, f.progress || isTerminal(a.stderr), a.stderr)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
 	if err := checkTopic(ctx, cl, f.topic); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
 		// As Kafka's console producer with auto.create.topics.enable:
 		// a missing topic is created with the broker's defaults.
-		resp, cerr := kadm.NewClient(cl).CreateTopic(ctx, -1, -1, nil, f.topic)
+		cctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		resp, cerr := kadm.NewClient(cl).CreateTopic(cctx, -1, -1, nil, f.topic)
+		cancel()
 		if cerr == nil {
 			cerr = resp.Err
 		}
@@ -102,13 +119,6 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 		}
 		fmt.Fprintf(a.stderr, "ferry: created topic %s with the broker's default partitions and replication\n", f.topic)
 	}
-	prod, err := largemessage.NewProducer(cl, store, s.cfg)
-	if err != nil {
-		return &usageError{err: err}
-	}
-	snd := &sender{prod: prod, store: store, hasStore: s.cfg.StoreURL != "", codec: s.cfg.Codec,
-		progress: f.progress || isTerminal(a.stderr), stderr: a.stderr}
-
 	// Fail before producing anything when a file must be offloaded and no
 	// store is set.
 	if !snd.hasStore {
@@ -119,7 +129,11 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 			}
 		}
 	}
+	var done []sent
 	for _, in := range inputs {
+		if ctx.Err() != nil {
+			return produceStopped(ctx, inputs, done, nil)
+		}
 		key := []byte(f.key)
 		var res sent
 		var err error
@@ -135,9 +149,79 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 			res, err = snd.sendFile(ctx, f.topic, in, key, in)
 		}
 		if err != nil {
-			return err
+			return produceStopped(ctx, inputs, done, err)
 		}
+		done = append(done, res)
 		fmt.Fprintln(a.stdout, res.line())
 	}
 	return nil
+}
+
+// produceStopped is the error of a produce that stopped, interrupted or
+// failed, after the inputs in done were produced: what failed, what became
+// of its payloads, and, with several inputs or when interrupted, which
+// inputs were produced (at which offsets) and which were not.
+func produceStopped(ctx context.Context, inputs []string, done []sent, err error) error {
+	interrupted := ctx.Err() != nil
+	var msg string
+	switch {
+	case interrupted && err == nil:
+		msg = context.Cause(ctx).Error() + " before producing " + inputName(inputs[len(done)])
+	case interrupted:
+		msg = context.Cause(ctx).Error() + " while producing " + inputName(inputs[len(done)])
+		var se *sendError
+		if errors.As(err, &se) {
+			for _, n := range se.notes {
+				msg += "; " + n
+			}
+		}
+	default:
+		msg = err.Error()
+	}
+	if len(inputs) > 1 || interrupted {
+		if len(done) == 0 {
+			msg += "; nothing was produced"
+		} else {
+			var ps []string
+			for _, d := range done {
+				ps = append(ps, fmt.Sprintf("%s %s/%d@%d", inputName(d.Name), d.Topic, d.Partition, d.Offset))
+			}
+			msg += fmt.Sprintf("; produced %d of %d inputs: %s", len(done), len(inputs), listSome(ps))
+			var ns []string
+			for _, in := range inputs[len(done):] {
+				ns = append(ns, inputName(in))
+			}
+			msg += "; not produced: " + listSome(ns)
+		}
+	}
+	cause := err
+	if interrupted {
+		cause = context.Cause(ctx) // RunIO exits 130 on it
+	}
+	return fmt.Errorf("%s%w", msg, noText{cause})
+}
+
+// noText wraps an error for errors.Is and errors.As without adding to the
+// message.
+type noText struct{ err error }
+
+func (noText) Error() string   { return "" }
+func (n noText) Unwrap() error { return n.err }
+
+// inputName is how an input is named in messages.
+func inputName(in string) string {
+	if in == "-" {
+		return "standard input"
+	}
+	return in
+}
+
+// listSome joins up to ten items, then says how many more there are (the
+// output lines list every produced input).
+func listSome(items []string) string {
+	const most = 10
+	if len(items) <= most {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:most], ", "), len(items)-most)
 }

@@ -48,6 +48,19 @@ shutdown.timeout.ms) and exits 0.`,
 				if err != nil {
 					return &usageError{err: err}
 				}
+				// The interceptors' store URLs, as strictly as --store.
+				for i, sp := range c.Interceptors {
+					raw, ok := sp.Config[largemessage.KeyStoreURL]
+					if !ok {
+						continue
+					}
+					u, err := parseStoreURL(raw)
+					if err != nil {
+						return usageErrorf("%s: interceptors[%d] (%s): %s %q: %v", configFile, i, sp.Name,
+							largemessage.KeyStoreURL, shownStoreURL(raw), err)
+					}
+					c.Interceptors[i].Config[largemessage.KeyStoreURL] = u
+				}
 				cfg = c
 			}
 			f := cmd.Flags()
@@ -76,12 +89,8 @@ shutdown.timeout.ms) and exits 0.`,
 				if err != nil {
 					return err
 				}
-				if store != "" {
-					u, err := normalizeStoreURL(store)
-					if err != nil {
-						return usageErrorf("--store %q: %v", store, err)
-					}
-					p[largemessage.KeyStoreURL] = u
+				if err := a.applyStoreURL(p, store); err != nil {
+					return err
 				}
 				cfg.Interceptors = nil
 				for _, name := range interceptors {

@@ -25,13 +25,52 @@ const (
 	ExitOK      = 0
 	ExitFailure = 1 // a runtime failure: unreachable broker or store, a record that did not resolve
 	ExitUsage   = 2 // bad flags, arguments or properties
+	// A command stopped by a signal exits 128 + the signal's number, as
+	// shells report it: 130 for SIGINT (Ctrl-C), 143 for SIGTERM.
+	ExitInterrupted = 130
 )
 
+// Interrupted is the cause of the context Execute cancels on SIGINT or
+// SIGTERM (context.Cause); RunIO then exits with its ExitCode.
+type Interrupted struct{ Signal os.Signal }
+
+func (e *Interrupted) Error() string { return "interrupted by " + signalName(e.Signal) }
+
+// ExitCode is 128 + the signal's number (130 for SIGINT, 143 for SIGTERM).
+func (e *Interrupted) ExitCode() int {
+	if n, ok := e.Signal.(syscall.Signal); ok {
+		return 128 + int(n)
+	}
+	return ExitInterrupted
+}
+
+func signalName(s os.Signal) string {
+	switch s {
+	case os.Interrupt:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
+}
+
 // Execute runs ferry with the process's arguments and standard streams and
-// returns the exit code; Ctrl-C (SIGINT) and SIGTERM cancel the work.
+// returns the exit code. The first SIGINT (Ctrl-C) or SIGTERM cancels the
+// work: the command stops, cleans up what it can and says what it had done
+// (exit 130 or 143). A second one exits at once, without cleaning up.
 func Execute() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		first := <-sigs
+		cancel(&Interrupted{Signal: first})
+		again := &Interrupted{Signal: <-sigs}
+		fmt.Fprintf(os.Stderr, "ferry: %s again: exiting without cleaning up\n", again)
+		os.Exit(again.ExitCode())
+	}()
 	return RunIO(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 }
 
@@ -54,7 +93,16 @@ func RunIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintln(stderr, "ferry: "+oneLine(err.Error()))
+	msg := oneLine(foldSuggestion(err.Error()))
+	var intr *Interrupted
+	if ctx.Err() != nil && errors.As(context.Cause(ctx), &intr) {
+		if !strings.Contains(msg, intr.Error()) {
+			msg = intr.Error() + ": " + msg
+		}
+		fmt.Fprintln(stderr, "ferry: "+msg)
+		return intr.ExitCode()
+	}
+	fmt.Fprintln(stderr, "ferry: "+msg)
 	var ue *usageError
 	if errors.As(err, &ue) || !a.ran {
 		// Errors before a command's RunE are cobra's: unknown command or
@@ -87,7 +135,11 @@ its topic's max.message.bytes has its value published to a payload store
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
-max.request.size and the large.message.* keys).`,
+max.request.size and the large.message.* keys).
+
+Errors are one line on stderr. Exit status: 0 done, 1 failed, 2 usage error
+(flags, arguments, properties, a malformed store URL), 130 stopped by
+SIGINT (Ctrl-C), 143 by SIGTERM; a second signal exits without cleaning up.`,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -147,6 +199,17 @@ func (e *usageError) Unwrap() error { return e.err }
 
 func usageErrorf(format string, args ...any) error {
 	return &usageError{err: fmt.Errorf(format, args...)}
+}
+
+// foldSuggestion turns cobra's "unknown command" advice, which spans lines
+// ("...\n\nDid you mean this?\n\tproduce\n"), into "... (did you mean
+// produce?)".
+func foldSuggestion(s string) string {
+	head, tail, ok := strings.Cut(s, "\n\nDid you mean this?\n")
+	if !ok {
+		return s
+	}
+	return head + " (did you mean " + strings.Join(strings.Fields(tail), " or ") + "?)"
 }
 
 // oneLine folds a multi-line error (errors.Join) onto one line.

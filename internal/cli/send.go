@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -26,15 +27,184 @@ const maxInMemory = 64 << 20
 // that cannot fit inline whatever their compression go the streaming way:
 // hashed from disk, published to the store by the serializer
 // (Serializer.OffloadValue), and only the reference is produced. The rest
-// is read into memory and produced with Producer.ProduceSync, which decides
-// exactly whether to offload.
+// is read into memory and produced with Producer.Produce, which decides
+// exactly whether to offload. A record that fails has the payloads
+// published for it released (sender.release), and every wait ends with the
+// context (sender.deliver).
 type sender struct {
-	prod     *largemessage.Producer
-	store    payloadstore.PayloadStore
-	hasStore bool
-	codec    largemessage.Codec
-	progress bool // draw progress bars on stderr
-	stderr   io.Writer
+	prod      *largemessage.Producer
+	store     payloadstore.PayloadStore
+	hasStore  bool
+	codec     largemessage.Codec // the client's: never empty
+	threshold int64              // large.message.threshold.bytes (0: derived)
+	progress  bool               // draw progress bars on stderr
+	stderr    io.Writer
+}
+
+// openSender opens the payload store and the Kafka client (settings.open)
+// and makes a sender over them; closeAll releases both.
+func (s *settings) openSender(ctx context.Context, progress bool, stderr io.Writer) (*sender, *kgo.Client, func(), error) {
+	store, cl, closeAll, err := s.open(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	prod, err := largemessage.NewProducer(cl, store, s.cfg)
+	if err != nil {
+		closeAll()
+		return nil, nil, nil, &usageError{err: err}
+	}
+	codec := s.cfg.Codec
+	if codec.Type == "" {
+		codec.Type = "none" // the client was made without compression (settings.clientOpts)
+	}
+	return &sender{prod: prod, store: store, hasStore: s.cfg.StoreURL != "", codec: codec, threshold: s.cfg.Threshold,
+		progress: progress, stderr: stderr}, cl, closeAll, nil
+}
+
+// Time limits of the clean-up after a failed or interrupted produce.
+const (
+	// safeAbortWait is how long an interrupted produce waits for the
+	// client to abort its record at a safe point (not in flight).
+	safeAbortWait = time.Second
+	// abortWait bounds the wait for a record's promise once the context
+	// ended and the client's buffered records were failed.
+	abortWait = 5 * time.Second
+	// cleanupTimeout bounds deleting a payload whose record was not
+	// produced.
+	cleanupTimeout = 15 * time.Second
+)
+
+// sendError is an input that was not produced: why, and what became of the
+// payloads published for it.
+type sendError struct {
+	name  string
+	err   error
+	notes []string // e.g. "its payload s3://... was deleted"
+}
+
+func (e *sendError) Error() string {
+	msg := inputName(e.name) + ": " + e.err.Error()
+	for _, n := range e.notes {
+		msg += "; " + n
+	}
+	return msg
+}
+
+func (e *sendError) Unwrap() error { return e.err }
+
+// delivery is the outcome of producing one record.
+type delivery struct {
+	rec *kgo.Record
+	err error
+	// sent: the produce failed, but its request went out and was not
+	// answered, so the record may be in the topic.
+	sent bool
+	// abandoned: the client did not give the record back within abortWait
+	// after ctx ended; rec may still be changing.
+	abandoned bool
+}
+
+// deliver produces rec and waits for the broker's answer or for ctx to end.
+// prepare: through the Producer, which offloads as needed
+// (Producer.Produce); otherwise straight through the client (rec holds a
+// reference already).
+//
+// When ctx ends first, the client's buffered records are aborted where that
+// is safe (kgo's AbortBufferedRecords): a record not sent yet fails at once.
+// A record still there after safeAbortWait is in flight: its request went
+// out unanswered (franz-go keeps an idempotent record it sent until the
+// broker answers, however long that takes), so it may be in the topic; it
+// is then abandoned (UnsafeAbortBufferedRecords) and its promise awaited
+// for at most abortWait.
+func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) delivery {
+	done := make(chan delivery, 1)
+	promise := func(r *kgo.Record, err error) { done <- delivery{rec: r, err: err} }
+	if prepare {
+		s.prod.Produce(ctx, rec, promise)
+	} else {
+		s.prod.Client().Produce(ctx, rec, promise)
+	}
+	var d delivery
+	select {
+	case d = <-done:
+	case <-ctx.Done():
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), safeAbortWait)
+		err := s.prod.Client().AbortBufferedRecords(actx)
+		cancel()
+		inFlight := err != nil
+		if inFlight {
+			s.prod.Client().UnsafeAbortBufferedRecords()
+		}
+		select {
+		case d = <-done:
+		case <-time.After(abortWait):
+			d = delivery{rec: rec, err: context.Cause(ctx), abandoned: true}
+		}
+		d.sent = inFlight && d.err != nil
+	}
+	if d.rec == nil {
+		d.rec = rec
+	}
+	return d
+}
+
+// release deals with the payloads published for a record whose produce
+// failed, and says what became of each: one named by a random id is deleted
+// unless the record may be in the topic (d.sent); one named by its content
+// (an offloaded key, or values with the sha256 id generator) may be shared
+// with other records and stays.
+func (s *sender) release(ctx context.Context, d delivery) []string {
+	if d.abandoned {
+		return []string{"any payload published for it was left in the store (the Kafka client did not give the record back in time): ferry gc removes it"}
+	}
+	var notes []string
+	for _, o := range []struct{ what, path string }{
+		{"payload", referencePath(d.rec)}, {"key's payload", keyReferencePath(d.rec)},
+	} {
+		switch {
+		case o.path == "":
+		case d.sent:
+			notes = append(notes, fmt.Sprintf("its %s %s was kept: the produce request was sent but not answered, so the record may be in the topic (ferry gc deletes the payload if it is not)", o.what, o.path))
+		case payloadstore.IsContentID(o.path):
+			notes = append(notes, fmt.Sprintf("its %s %s was kept: it is named by its content and may be shared with other records", o.what, o.path))
+		default:
+			if err := s.deleteObject(ctx, o.path); err != nil {
+				notes = append(notes, fmt.Sprintf("its %s %s could not be deleted (%v): ferry gc or the store's TTL removes it", o.what, o.path, err))
+			} else {
+				notes = append(notes, fmt.Sprintf("its %s %s was deleted", o.what, o.path))
+			}
+		}
+	}
+	return notes
+}
+
+// deleteObject deletes an object whose reference was never produced, even
+// after ctx ended, within cleanupTimeout.
+func (s *sender) deleteObject(ctx context.Context, path string) error {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	err := s.store.Delete(dctx, path)
+	if err != nil {
+		slog.Debug("could not delete an unreferenced payload", "path", path, "err", err)
+	}
+	return err
+}
+
+// tooLarge is the error for a record that cannot fit topic even with what
+// could be offloaded: one sentence naming the topic, the limit and where it
+// comes from, then detail if any. cause (the library's error) stays in the
+// chain, not in the text.
+func (s *sender) tooLarge(ctx context.Context, topic, offloaded, detail string, cause error) error {
+	l := s.prod.Limits(ctx, topic)
+	limit := fmt.Sprintf("%d bytes, from the topic's max.message.bytes (%d bytes) and the client's max.request.size", l.Threshold, l.MaxMessageBytes)
+	if s.threshold > 0 && s.threshold == l.Threshold {
+		limit = fmt.Sprintf("%d bytes, set by %s", l.Threshold, largemessage.KeyThreshold)
+	}
+	msg := fmt.Sprintf("the record cannot fit topic %s even with its %s offloaded: the limit is %s", topic, offloaded, limit)
+	if detail != "" {
+		msg += " (" + detail + ")"
+	}
+	return fmt.Errorf("%s%w", msg, noText{cause})
 }
 
 // sent describes one produced record.
@@ -70,23 +240,25 @@ func (s *sender) cutoff(ctx context.Context, topic string) (largemessage.Limits,
 	return l, c
 }
 
-// sendBytes produces value through Producer.ProduceSync.
+// sendBytes produces value through the Producer, which decides exactly
+// whether to offload.
 func (s *sender) sendBytes(ctx context.Context, topic, name string, key, value []byte) (sent, error) {
 	out := sent{Name: name, Size: int64(len(value)), SHA256: sha256.Sum256(value)}
-	rec := &kgo.Record{Topic: topic, Key: key, Value: value}
-	r, err := s.prod.ProduceSync(ctx, rec).First()
-	if err != nil {
-		if path := referencePath(rec); path != "" {
-			s.discard(ctx, path)
-		}
-		if errors.Is(err, errNoStore) {
-			l := s.prod.Limits(ctx, topic)
-			return out, fmt.Errorf("%s: the record (%d bytes) is over the threshold of topic %s (%d bytes) and must be offloaded, but %w",
-				name, largemessage.RecordLen(key, value, nil), topic, l.Threshold, errNoStore)
-		}
-		return out, fmt.Errorf("%s: %w", name, err)
+	d := s.deliver(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}, true)
+	if d.err == nil {
+		return s.result(out, d.rec), nil
 	}
-	return s.result(out, r), nil
+	notes := s.release(ctx, d)
+	err := d.err
+	switch {
+	case errors.Is(err, errNoStore):
+		l := s.prod.Limits(ctx, topic)
+		err = fmt.Errorf("the record (%d bytes) is over the threshold of topic %s (%d bytes) and must be offloaded, but %w",
+			largemessage.RecordLen(key, value, nil), topic, l.Threshold, errNoStore)
+	case errors.Is(err, largemessage.ErrRecordTooLarge):
+		err = s.tooLarge(ctx, topic, "key and value", "", err)
+	}
+	return out, &sendError{name: name, err: err, notes: notes}
 }
 
 func (s *sender) result(out sent, r *kgo.Record) sent {
@@ -139,13 +311,8 @@ func (s *sender) needStore(name string, size int64, topic string, l largemessage
 // reference.
 func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *os.File, size int64) (sent, error) {
 	out := sent{Name: name}
-	var p payloadstore.Payload
-	var err error
-	if s.progress {
-		p, err = hashWithProgress(ctx, f, size, s.bar(size, "hashing   "+name))
-	} else {
-		p, err = payloadstore.FilePayload(f)
-	}
+	// Hashing a large file takes a while: it stops with ctx.
+	p, err := hashWithProgress(ctx, f, size, s.bar(size, "hashing   "+name))
 	if err != nil {
 		return out, fmt.Errorf("%s: reading: %w", name, err)
 	}
@@ -160,29 +327,23 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 	}
 	rec := &kgo.Record{Topic: topic, Key: key}
 	// A file changed since it was hashed fails here with
-	// payloadstore.ErrPayloadChanged, its object deleted.
+	// payloadstore.ErrPayloadChanged, its object deleted; an interrupted
+	// upload is aborted.
 	if _, err = s.prod.Serializer().OffloadValue(ctx, rec, p); err != nil {
-		return out, fmt.Errorf("%s: %w", name, err)
+		return out, &sendError{name: name, err: fmt.Errorf("offloading: %w", err)}
 	}
-	path := referencePath(rec)
-	r, err := s.prod.Client().ProduceSync(ctx, rec).First()
-	if err != nil {
-		s.discard(ctx, path)
-		return out, fmt.Errorf("%s: producing the reference: %w", name, err)
+	// The key is not offloaded here: it must fit beside the reference.
+	if fits, err := s.codec.Fits(s.prod.Limits(ctx, topic), rec.Key, rec.Value, rec.Headers); err == nil && !fits {
+		detail := fmt.Sprintf("with the reference and its headers the record is %d bytes, its key %d; the key of a streamed input is not offloaded",
+			largemessage.RecordLen(rec.Key, rec.Value, rec.Headers), len(rec.Key))
+		return out, &sendError{name: name, err: s.tooLarge(ctx, topic, "value", detail, largemessage.ErrRecordTooLarge),
+			notes: s.release(ctx, delivery{rec: rec})}
 	}
-	return s.result(out, r), nil
-}
-
-// discard deletes an object whose reference was never produced.
-// An object named by content id may be referenced by earlier records (equal
-// keys, or equal values with the sha256 id generator): it stays.
-func (s *sender) discard(ctx context.Context, path string) {
-	if payloadstore.IsContentID(path) {
-		return
+	d := s.deliver(ctx, rec, false)
+	if d.err != nil {
+		return out, &sendError{name: name, err: fmt.Errorf("producing the reference: %w", d.err), notes: s.release(ctx, d)}
 	}
-	if err := s.store.Delete(context.WithoutCancel(ctx), path); err != nil {
-		slog.Warn("could not delete an unreferenced payload", "path", path, "err", err)
-	}
+	return s.result(out, d.rec), nil
 }
 
 // sendStdin reads r up to the cutoff into memory; a larger input is spooled
@@ -221,8 +382,8 @@ func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, 
 	return s.stream(ctx, topic, name, key, tmp, n)
 }
 
-// hashWithProgress is payloadstore.FilePayload with a progress bar and
-// cancellation.
+// hashWithProgress is payloadstore.FilePayload with cancellation and a
+// progress bar (none when bar is nil).
 func hashWithProgress(ctx context.Context, f *os.File, size int64, bar *progress) (payloadstore.Payload, error) {
 	defer bar.finish()
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
