@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"github.com/twmb/franz-go/pkg/kmsg"
+	"encoding/json"
 	"hash/crc32"
 	"regexp"
+	"strings"
 	"testing"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // FuzzRewriteBatch feeds arbitrary record sets to both sides of a chain
@@ -74,4 +77,35 @@ func mustPattern(p string) *regexp.Regexp {
 func plainHeader(n int32, attrs int16) kmsg.RecordBatch {
 	return kmsg.RecordBatch{Magic: 2, Attributes: attrs, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1,
 		NumRecords: n, LastOffsetDelta: n - 1, PartitionLeaderEpoch: -1}
+}
+
+// FuzzJSON feeds arbitrary values to the JSON check and to both JSON
+// interceptors: no input may panic or recurse without bound, and what the
+// check accepts is valid JSON without a duplicate name (encoding/json
+// agrees on validity).
+func FuzzJSON(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, `{"n":1e400,"email":"a","email":"secret"}`, `[[[[[]]]]]`,
+		`{"a":{"b":[1,2,{"c":"\u00e9"}]}}`, `"\ud800"`, `{"a":1,"a":2}`, `{"\u0061":1,"a":2}`, strings.Repeat("[", 2000)} {
+		f.Add([]byte(s))
+	}
+	red, err := New(context.Background(), "redact", map[string]string{KeyRedactFields: "a,email,b.#.c", KeyJSONMaxDepth: "64"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	val, err := New(context.Background(), "validate-json", map[string]string{KeyJSONMaxDepth: "64",
+		KeyJSONSchema: `{"type":"object","properties":{"a":{"type":"integer"}}}`})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := checkJSON(b, 64)
+		if err == nil && !json.Valid(b) {
+			t.Fatalf("checkJSON accepted %q, which encoding/json rejects", b)
+		}
+		r := &Record{Topic: "t", Value: bytes.Clone(b)}
+		if rerr := red.Produce.ProcessRecord(context.Background(), r); rerr == nil && !json.Valid(r.Value) {
+			t.Fatalf("redact turned %q into invalid JSON %q", b, r.Value)
+		}
+		_ = val.Produce.ProcessRecord(context.Background(), &Record{Topic: "t", Value: bytes.Clone(b)})
+	})
 }

@@ -43,10 +43,17 @@ func parseJSONMaxDepth(config map[string]string) (int, error) {
 // checked against JSON's grammar only (1e400 is valid JSON).
 func checkJSON(b []byte, maxDepth int) error {
 	dec := jsontext.NewDecoder(bytes.NewReader(b), jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false))
+	values := 0 // complete top-level values read
 	for {
 		_, err := dec.ReadToken()
 		if err == io.EOF {
+			if values != 1 {
+				return fmt.Errorf("%w: the value (%d bytes) is not one JSON value but %d", kerr.InvalidRecord, len(b), values)
+			}
 			return nil
+		}
+		if err == nil && values > 0 {
+			return fmt.Errorf("%w: the value (%d bytes) holds more than one JSON value", kerr.InvalidRecord, len(b))
 		}
 		if err != nil {
 			var se *jsontext.SyntacticError
@@ -58,6 +65,9 @@ func checkJSON(b []byte, maxDepth int) error {
 		}
 		if dec.StackDepth() > maxDepth {
 			return fmt.Errorf("%w: the value nests arrays and objects deeper than %s=%d (at byte %d)", kerr.InvalidRecord, KeyJSONMaxDepth, maxDepth, dec.InputOffset())
+		}
+		if dec.StackDepth() == 0 {
+			values++
 		}
 	}
 }
