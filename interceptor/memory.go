@@ -206,11 +206,12 @@ func (w *budgetWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// decoderBytes is what a zstd, gzip or lz4 decoder in use holds, charged
-// while it decompresses: zstd's window is bounded at 8 MiB (franz-go
-// writes 64 KiB windows, the Java client at most a few MiB), plus its
-// block buffers.
-const decoderBytes = 10 << 20
+// decoderBytes is what a decoder in use holds, by codec, charged while it
+// decompresses: gzip its 32 KiB window and buffers; lz4 a frame block (at
+// most 4 MiB); zstd its window, bounded at 8 MiB here (franz-go writes
+// 64 KiB windows, the Java client at most a few MiB), and block buffers.
+// Snappy decodes into the output.
+var decoderBytes = [...]int64{1: 256 << 10, 2: 0, 3: 4<<20 + 256<<10, 4: 10 << 20}
 
 // decompress decompresses a batch's records with the codecs franz-go uses
 // (klauspost gzip, snappy in raw and xerial framing, pierrec lz4, klauspost
@@ -230,11 +231,12 @@ func decompress(ctx context.Context, l *ledger, codec int16, src []byte) ([]byte
 		}
 	}
 	w := &budgetWriter{ctx: ctx, l: l, max: max(limit, 0)}
-	if codec != 2 { // snappy decodes in place
-		if err := l.charge(ctx, decoderBytes); err != nil {
+	if codec > 0 && int(codec) < len(decoderBytes) {
+		n := decoderBytes[codec]
+		if err := l.charge(ctx, n); err != nil {
 			return nil, err
 		}
-		defer l.give(decoderBytes)
+		defer l.give(n)
 	}
 	var err error
 	switch codec {

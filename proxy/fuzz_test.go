@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/crc32"
+	"runtime"
 	"testing"
 	"time"
 
@@ -24,7 +25,7 @@ func fuzzChain(tb testing.TB) *interceptor.Chain {
 		{Name: "validate-json", Config: map[string]string{interceptor.KeyTopicPattern: "json.*", "side": "both"}},
 		{Name: "redact", Config: map[string]string{interceptor.KeyTopicPattern: "json.*|red.*", "redact.fields": "a,b.#.c", "side": "both"}},
 		{Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "mem://fuzz-proxy", largemessage.KeyThreshold: "64"}},
-	}, interceptor.Options{Timeout: 2 * time.Second, Memory: interceptor.NewMemory(64 << 20),
+	}, interceptor.Options{Timeout: 2 * time.Second, Memory: interceptor.NewMemory(256 << 20),
 		BatchDecompressedMax: 1 << 20, RequestDecompressedMax: 4 << 20,
 		TopicName: func(id [16]byte) (string, bool) { return "red-by-id", id[0]&1 == 0 }})
 	if err != nil {
@@ -84,12 +85,15 @@ func FuzzProduceRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		out := ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]int32 {
-			m := map[string]int32{}
-			for _, tp := range topics {
-				m[tp] = 4096
-			}
-			return m
+		var out interceptor.ProduceOutcome
+		watchdog(t, 20*time.Second, func() {
+			out = ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]int32 {
+				m := map[string]int32{}
+				for _, tp := range topics {
+					m[tp] = 4096
+				}
+				return m
+			})
 		})
 		frame := requestFrame([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, req)
 		out.Release()
@@ -145,7 +149,8 @@ func FuzzFetchResponse(f *testing.F) {
 				limits.FetchOffset[k] = int64(partMax % 7)
 			}
 		}
-		out := ch.InterceptFetchLimited(context.Background(), resp, limits)
+		var out interceptor.FetchOutcome
+		watchdog(t, 20*time.Second, func() { out = ch.InterceptFetchLimited(context.Background(), resp, limits) })
 		enc := resp.AppendTo(nil)
 		out.Release()
 		again := kmsg.NewPtrFetchResponse()
@@ -161,4 +166,17 @@ func FuzzFetchResponse(f *testing.F) {
 			t.Fatalf("%d bytes of the memory budget were not given back", n)
 		}
 	})
+}
+
+// watchdog runs f and fails with every goroutine's stack if it does not
+// return within d (a hang is a finding too).
+func watchdog(t *testing.T, d time.Duration, f func()) {
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("no return within %s:\n%s", d, buf[:runtime.Stack(buf, true)])
+	}
 }
