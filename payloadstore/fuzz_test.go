@@ -28,6 +28,12 @@ func FuzzKey(f *testing.F) {
 		if key != s || len(key) > MaxKeyBytes {
 			t.Fatalf("Key(%q) = %q", full, key)
 		}
+		if kp.Shard == "" { // the layout before shards: "<topic>/<id>"
+			if key != kp.Topic+"/"+kp.ID {
+				t.Fatalf("Key(%q) = %q, parts %+v", full, key, kp)
+			}
+			return
+		}
 		again, err := ObjectKey(kp.Topic, kp.ID)
 		if err != nil || again != key {
 			t.Fatalf("ObjectKey(%q, %q) = %q, %v; want %q", kp.Topic, kp.ID, again, err, key)

@@ -56,12 +56,14 @@ func (r Root) KeyOf(fullPath string) (string, KeyParts, error) {
 	return key, kp, nil
 }
 
-// KeyParts are the segments of a payload key "<topic>/<shard>/<id>".
+// KeyParts are the segments of a payload key "<topic>/<shard>/<id>"
+// (Shard is "" for a key of the earlier layout "<topic>/<id>").
 type KeyParts struct {
 	Topic, Shard, ID string
 }
 
-// ParseKey splits a payload key "<topic>/<shard>/<id>" (docs/FORMAT.md §7)
+// ParseKey splits a payload key "<topic>/<shard>/<id>" (docs/FORMAT.md §7;
+// or "<topic>/<id>", the layout before the shard segment, still readable)
 // and checks it strictly: topic is a Kafka topic name (at most 249 of
 // [a-zA-Z0-9._-], not "." or ".."), shard is the two lowercase hex digits
 // of the first byte of SHA-256(id), id is 1..255 bytes without / \ % ? # or
@@ -83,6 +85,12 @@ func parseKey(key string) (KeyParts, string) {
 	}
 	topic, rest, ok1 := strings.Cut(key, "/")
 	shard, id, ok2 := strings.Cut(rest, "/")
+	legacy := ok1 && !ok2
+	if legacy {
+		// <topic>/<id>: the layout before the shard segment; such
+		// references stay readable (docs/FORMAT.md §7).
+		shard, id, ok2 = "", rest, true
+	}
 	if !ok1 || !ok2 {
 		return KeyParts{}, "not <topic>/<shard>/<id>"
 	}
@@ -92,7 +100,7 @@ func parseKey(key string) (KeyParts, string) {
 	if err := checkID(id); err != nil {
 		return KeyParts{}, "the id " + err.Error()
 	}
-	if want := shardOf(id); shard != want {
+	if want := shardOf(id); !legacy && shard != want {
 		return KeyParts{}, fmt.Sprintf("the shard does not match the id (want %s)", want)
 	}
 	return KeyParts{Topic: topic, Shard: shard, ID: id}, ""
@@ -172,8 +180,8 @@ func checkRawKey(key string) error {
 
 func checkID(id string) error {
 	switch {
-	case id == "" || id == "." || id == "..":
-		return fmt.Errorf("is empty or relative")
+	case id == "" || strings.HasPrefix(id, "."):
+		return fmt.Errorf("is empty or starts with a dot (Ferry's own files: temporary uploads, gc's folder)")
 	case len(id) > MaxSegmentBytes:
 		return fmt.Errorf("is %d bytes, more than %d", len(id), MaxSegmentBytes)
 	case strings.ContainsAny(id, "/\\%?#\x00"):
@@ -201,15 +209,23 @@ func PathKey(fullPath string) (KeyParts, error) {
 	if len(fullPath) > 2*MaxKeyBytes {
 		return KeyParts{}, fmt.Errorf("%w: a path of %d bytes", ErrInvalidPath, len(fullPath))
 	}
+	// The last three segments, when the middle one is a shard of the
+	// last; else the last two (the layout before shards).
+	var segs [3]int
 	i := len(fullPath)
-	for range 3 {
+	for n := range 3 {
 		j := strings.LastIndexByte(fullPath[:i], '/')
 		if j < 0 {
 			return KeyParts{}, fmt.Errorf("%w: the path does not end in <topic>/<shard>/<id>", ErrInvalidPath)
 		}
-		i = j
+		segs[n], i = j, j
 	}
-	kp, why := parseKey(fullPath[i+1:])
+	id := fullPath[segs[0]+1:]
+	start := segs[2]
+	if fullPath[segs[1]+1:segs[0]] != shardOf(id) {
+		start = segs[1]
+	}
+	kp, why := parseKey(fullPath[start+1:])
 	if why != "" {
 		return KeyParts{}, fmt.Errorf("%w: %s", ErrInvalidPath, why)
 	}
