@@ -1,0 +1,77 @@
+package proxy
+
+import (
+	"context"
+	"regexp"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ferrykit/ferry/interceptor"
+)
+
+// blocking is a produce interceptor that waits until its call is cancelled
+// and counts the cancellations.
+type blocking struct {
+	entered, cancelled *atomic.Int64
+}
+
+func (b blocking) Name() string                 { return "blocking" }
+func (b blocking) TopicPattern() *regexp.Regexp { return regexp.MustCompile(`^blk$`) }
+func (b blocking) ProcessRecord(ctx context.Context, _ *interceptor.Record) error {
+	b.entered.Add(1)
+	<-ctx.Done()
+	b.cancelled.Add(1)
+	return ctx.Err()
+}
+
+var blockingEntered, blockingCancelled atomic.Int64
+
+func init() {
+	interceptor.Register("test-blocking", func(context.Context, map[string]string) (interceptor.Instance, error) {
+		return interceptor.Instance{Produce: blocking{&blockingEntered, &blockingCancelled}}, nil
+	})
+}
+
+// A client that goes away while an interceptor works on its request gets
+// that work cancelled at once, not when the time budget ends.
+func TestClientGoneCancelsInterception(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "blk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", InterceptorTimeout: time.Minute,
+		Interceptors: []interceptor.Spec{{Name: "test-blocking"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.RecordRetries(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.Produce(context.Background(), &kgo.Record{Topic: "blk", Value: []byte("v")}, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for blockingEntered.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if blockingEntered.Load() == 0 {
+		t.Fatal("the interceptor never ran")
+	}
+	start := time.Now()
+	cl.Close() // the client goes away mid-interception
+	for blockingCancelled.Load() == 0 && time.Since(start) < 10*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if blockingCancelled.Load() == 0 {
+		t.Fatal("the interceptor's call was not cancelled when its client went away")
+	}
+	t.Logf("cancelled %v after the client closed (time budget: 1m)", time.Since(start).Round(time.Millisecond))
+}
