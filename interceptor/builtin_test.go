@@ -424,3 +424,23 @@ func TestRedactRefusesDuplicateKeys(t *testing.T) {
 		}
 	}
 }
+
+// An interceptor that panics fails its partition (UNKNOWN_SERVER_ERROR)
+// and nothing else: the chain, and the other partitions, go on.
+func TestInterceptorPanicContained(t *testing.T) {
+	boom := func(_ context.Context, r *Record) error {
+		if string(r.Value) == "boom" {
+			panic("interceptor bug")
+		}
+		return nil
+	}
+	ch := NewChain([]Instance{{Produce: icpt(t, "boom", ".*", boom)}}, Options{})
+	req := buildRequest(t, map[string][]byte{"a": plainBatch(t, 0, -1, "boom"), "b": plainBatch(t, 0, -1, "fine")})
+	out := ch.InterceptProduce(context.Background(), req, nil)
+	if len(out.Answered) != 1 || out.Answered[0].Topic != "a" || out.Answered[0].ErrorCode != kerr.UnknownServerError.Code {
+		t.Fatalf("answered %+v", out.Answered)
+	}
+	if !out.Forward || len(req.Topics) != 1 || req.Topics[0].Topic != "b" {
+		t.Fatalf("the healthy partition was not forwarded: %+v", req.Topics)
+	}
+}

@@ -273,7 +273,7 @@ func (c *conn) readRequest() bool {
 		if !c.ensureUpstream() {
 			return false
 		}
-		if err := c.stream(c.upstream, c.cr, c.client, int64(4+size)); err != nil {
+		if err := stream(c.upstream, c.cr, c.client, int64(4+size)); err != nil {
 			c.forwardError(err)
 			return false
 		}
@@ -419,7 +419,7 @@ func (c *conn) forwardError(err error) {
 // stream copies n bytes of a frame from src (whose bufio.Reader is r) to
 // dst: first what r holds, then straight from the connection, which lets
 // the kernel splice TCP to TCP.
-func (c *conn) stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
+func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
 	for n > 0 && r.Buffered() > 0 {
 		b, _ := r.Peek(int(min(int64(r.Buffered()), n)))
 		if _, err := dst.Write(b); err != nil {
@@ -597,13 +597,13 @@ func (c *conn) answer(f *inflight) bool {
 	}
 	if !f.decode {
 		c.setWriteDeadline()
-		if err := c.stream(c.client, c.ur, c.upstream, int64(4+size)); err != nil {
+		if err := stream(c.client, c.ur, c.upstream, int64(4+size)); err != nil {
 			if !c.closed() {
 				c.fail("client_io", "write to client failed", err)
 			}
 			return false
 		}
-		c.done1(f, int64(4+size))
+		c.answered(f, int64(4+size))
 		return true
 	}
 	var charged int64
@@ -643,7 +643,7 @@ func (c *conn) write(f *inflight, out []byte) bool {
 		}
 		return false
 	}
-	c.done1(f, int64(len(out)))
+	c.answered(f, int64(len(out)))
 	return true
 }
 
@@ -657,8 +657,8 @@ func (c *conn) setWriteDeadline() {
 	}
 }
 
-// done1 accounts for a response written.
-func (c *conn) done1(f *inflight, n int64) {
+// answered accounts for a response written.
+func (c *conn) answered(f *inflight, n int64) {
 	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())
