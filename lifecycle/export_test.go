@@ -8,7 +8,9 @@ var ObjectName = objectName
 // Checkpoint and the checkpoint functions, for the tests.
 type Checkpoint = checkpoint
 
-func NewCheckpoint(t time.Time, offs map[int32]int64) Checkpoint { return checkpoint{Time: t, Offsets: offs} }
+func NewCheckpoint(t time.Time, offs map[int32]int64) Checkpoint {
+	return checkpoint{Time: t, Offsets: offs}
+}
 
 func (c Checkpoint) Passed(logStart map[int32]int64) bool { return c.passed(logStart) }
 
