@@ -168,9 +168,13 @@ const DefaultStoreConcurrency = 16
 const (
 	pollTimeout  = 10 * time.Second
 	maxIdlePolls = 3
-	// fetchMaxBytes is the fetch response size asked for (bytes); records
-	// are small references, so this is many of them per fetch.
-	fetchMaxBytes = 64 << 20
+	// fetchMaxBytes and fetchMaxPartitionBytes bound one fetch response
+	// of each reading client (bytes, compressed as stored). Records are
+	// small references: 4 MiB is some 100,000 of them, and what a poll
+	// returns is held in memory as franz-go records (docs/BENCHMARKS.md:
+	// 64 MiB fetches doubled the peak heap and gained nothing).
+	fetchMaxBytes          = 4 << 20
+	fetchMaxPartitionBytes = 1 << 20
 )
 
 // Mode selects how Collect decides that an object is garbage.
@@ -216,8 +220,8 @@ type Options struct {
 	SettleSet bool
 	// Mode: ModeAuto ("" too), ModeFull or ModeCheckpoint.
 	Mode Mode
-	// ReadWorkers: clients reading partitions in parallel; 0 means
-	// max(2, GOMAXPROCS).
+	// ReadWorkers: clients reading partitions in parallel, each over its
+	// share of the partitions; 0 means max(2, GOMAXPROCS), at most 8.
 	ReadWorkers int
 	// StoreConcurrency: store operations in flight; 0 means
 	// DefaultStoreConcurrency.

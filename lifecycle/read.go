@@ -80,8 +80,9 @@ func groups(spans map[int32]span, workers int) [][]int32 {
 }
 
 // defaultWorkers is the number of clients reading a topic in parallel when
-// Options.ReadWorkers is 0.
-func defaultWorkers() int { return max(2, runtime.GOMAXPROCS(0)) }
+// Options.ReadWorkers is 0: max(2, GOMAXPROCS), at most 8 (each client
+// buffers up to one fetch of fetchMaxBytes).
+func defaultWorkers() int { return min(8, max(2, runtime.GOMAXPROCS(0))) }
 
 // readGroups reads spans of topic, group g's partitions by its own client in
 // its own goroutine, and calls handle(g, r) from that goroutine for every
@@ -136,7 +137,7 @@ func readGroup(ctx context.Context, cl *kgo.Client, topic string, spans map[int3
 		kgo.FetchIsolationLevel(iso),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(fetchMaxBytes),
-		kgo.FetchMaxPartitionBytes(fetchMaxBytes),
+		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
 	)...)
 	if err != nil {
 		return fmt.Errorf("gc: kafka client to read topic %s: %w", topic, err)
