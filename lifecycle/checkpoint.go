@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 )
@@ -92,10 +93,14 @@ func pruneCheckpoints(cps []checkpoint, logStart map[int32]int64) []checkpoint {
 }
 
 // loadCheckpoints reads the topic's checkpoints; those of another
-// incarnation of the topic (another topic id) are dropped.
+// incarnation of the topic (another topic id) are dropped, and so is an
+// object that does not decode (the run then overwrites it).
 func (g *gcStore) loadCheckpoints(ctx context.Context, topicID string) ([]checkpoint, error) {
 	var f checkpointFile
 	found, err := g.get(ctx, checkpointsKey, &f)
+	if errors.Is(err, errUnreadable) {
+		return nil, nil // start over: checkpoints only ever allow deleting
+	}
 	if err != nil || !found {
 		return nil, err
 	}

@@ -77,7 +77,8 @@ func (g *gcStore) put(ctx context.Context, rel string, v any) error {
 }
 
 // get reads the JSON object at prefix+rel into v; found is false when there
-// is none.
+// is none. An object that is not v's JSON is found with an error wrapping
+// errUnreadable.
 func (g *gcStore) get(ctx context.Context, rel string, v any) (found bool, err error) {
 	tmp, err := payloadstore.ObjectKey(g.topic, tmpIDPrefix+uuid.NewString())
 	if err != nil {
@@ -95,7 +96,10 @@ func (g *gcStore) get(ctx context.Context, rel string, v any) (found bool, err e
 		return false, fmt.Errorf("gc: reading %s: %w", g.prefix+rel, err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return true, fmt.Errorf("gc: %s: %w", g.prefix+rel, err)
+		return true, fmt.Errorf("gc: %s: %w: %v", g.prefix+rel, errUnreadable, err)
 	}
 	return true, nil
 }
+
+// errUnreadable: one of gc's objects is not the JSON it should be.
+var errUnreadable = errors.New("not readable as gc's JSON")

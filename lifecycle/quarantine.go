@@ -114,8 +114,8 @@ func (g *gcStore) listLeftovers(ctx context.Context, readManifests bool) ([]*lef
 		}
 		var m manifest
 		found, err := g.get(ctx, quarantineDir+run+"/"+manifestName, &m)
-		if err != nil && ctx.Err() != nil {
-			return nil, ctx.Err()
+		if err != nil && !errors.Is(err, errUnreadable) {
+			return nil, err
 		}
 		if found && err == nil && m.Run == run && m.Topic == g.topic {
 			lr.manifest = &m
