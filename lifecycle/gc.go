@@ -42,7 +42,9 @@
 //     without a usable checkpoint falls back to the full read. The cost of a
 //     checkpoint run does not grow with the number of records in the topic:
 //     it lists the store and reads only the records appended during the run.
-//     Checkpoints retention has passed are pruned except the newest.
+//     Checkpoints retention has passed are pruned except the newest;
+//     checkpoints dated after the run's start (gc's clock was ahead when
+//     they were taken) are dropped.
 //
 // # Quarantine and recheck
 //
@@ -407,6 +409,9 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 		if err != nil && !o.DryRun {
 			return sum, err
 		}
+		// A checkpoint from the future (gc's clock was ahead then) would
+		// prove too much: dropped.
+		cps = slices.DeleteFunc(cps, func(c checkpoint) bool { return c.Time.After(start) })
 		cps = append(cps, checkpoint{Time: start, Offsets: hw})
 		if c, ok := newestPassed(cps, logStart); ok {
 			proof = &c
