@@ -72,6 +72,13 @@ func TestGCContentIDRepublishedS3(t *testing.T) {
 	gcContentIDRepublished(t, storetest.S3URL(t, "ferry-gc"))
 }
 
+func TestGCContentIDRepublishedGCS(t *testing.T) {
+	gcContentIDRepublished(t, storetest.GCSURL(t, "ferry-gc"))
+}
+func TestGCContentIDRepublishedAzure(t *testing.T) {
+	gcContentIDRepublished(t, storetest.AzureURL(t, "ferry-gc"))
+}
+
 func gcContentIDRepublished(t *testing.T, storeURL string) {
 	for _, phase := range []string{"quarantine", "settle"} {
 		t.Run(phase, func(t *testing.T) {
