@@ -446,14 +446,21 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 
 	// 5. List the store before reading: an object written after this is
 	// never a candidate of the full read.
+	// In checkpoint mode the proof is known already: objects are decided
+	// as they are listed, and only candidates are kept in memory.
 	cutoff := now().Add(-grace)
-	var old []payloadstore.ObjectInfo
+	var old, cands []payloadstore.ObjectInfo
 	err = payloadstore.List(ctx, store, o.Topic, func(oi payloadstore.ObjectInfo) error {
 		sum.Listed++
-		if oi.ModTime.Before(cutoff) {
-			old = append(old, oi)
-		} else {
+		switch {
+		case !oi.ModTime.Before(cutoff):
 			sum.TooNew++
+		case mode == ModeFull:
+			old = append(old, oi)
+		case proof != nil && !oi.ModTime.Add(grace).After(proof.Time):
+			cands = append(cands, oi)
+		default:
+			sum.Unproven++
 		}
 		if sum.Listed%1000 == 0 {
 			r.report(Progress{Phase: "list"})
@@ -466,17 +473,9 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 	r.report(Progress{Phase: "list"})
 
 	// 6. Decide.
-	var cands []payloadstore.ObjectInfo
 	var e1 offsets
 	if mode == ModeCheckpoint {
 		e1 = hw
-		for _, oi := range old {
-			if proof != nil && !oi.ModTime.Add(grace).After(proof.Time) {
-				cands = append(cands, oi)
-			} else {
-				sum.Unproven++
-			}
-		}
 	} else {
 		live, n, end, err := readLive(ctx, cl, adm, o.Topic, compacted, r.readWorkers, func(n int64) {
 			sum.RecordsRead = n
