@@ -228,7 +228,9 @@ type Options struct {
 	// StoreConcurrency: store operations in flight; 0 means
 	// DefaultStoreConcurrency.
 	StoreConcurrency int
-	// DryRun: move, delete and write nothing (no checkpoint either);
+	// DryRun: move and delete nothing and store no checkpoint (the
+	// checkpoints are read, through a temporary copy, when the store
+	// allows it);
 	// Summary.Candidates lists what would be quarantined and deleted.
 	DryRun bool
 	// Now is gc's clock (time.Now when nil): the grace cutoff and the

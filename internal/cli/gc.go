@@ -56,8 +56,9 @@ transaction.max.timeout.ms), plus the clock skew between the store and this
 host. --settle must exceed the longest time between a publish (or touch) and
 the append of its record (delivery.timeout.ms). During the settle time a
 consumer resolving a record that races the quarantine gets
-ErrPayloadNotFound until the object is restored. --dry-run moves, deletes
-and writes nothing and lists what would be deleted, one full path per line.
+ErrPayloadNotFound until the object is restored. --dry-run moves and deletes
+nothing, stores no checkpoint, and lists what would be deleted, one full
+path per line.
 
 A summary goes to standard output: records read, objects listed, kept
 (referenced, newer than the grace period, not provably garbage, changed),
