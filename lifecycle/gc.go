@@ -74,9 +74,9 @@
 // object X either lies below E1, where the decision saw it (full read) or
 // proves it deleted (checkpoint), or lies from E1 on. In the latter case, R
 // was produced after the write (publish, copy or touch) of X it relies on.
-// If that write came before X was moved, R was appended within the settle
-// time of the write (the settle rule), so before the recheck's bounds were
-// taken: the recheck sees R and restores X. If it came after the move, a
+// If that write came before X was moved, R was acknowledged within the
+// settle time of the write (the settle rule), so it lies below the high
+// watermarks the recheck reads to: the recheck sees R and restores X. If it came after the move, a
 // publish or copy put a new object at X's key (nothing to restore), and a
 // touch failed on the missing object, so R was never produced.
 //
@@ -98,8 +98,10 @@
 //     the log looks like an orphan; grace is what protects it from the full
 //     read's point of view, and it is what the checkpoint proof rests on.
 //   - Settle (2m by default) must exceed the longest time between such a
-//     write and the append of the record (producer retries, the Java
-//     producer's delivery.timeout.ms of 120 s counts in full).
+//     write and the acknowledgement of the record (producer retries and
+//     batching; the Java producer's delivery.timeout.ms of 120 s counts in
+//     full). For a transactional record that is its produce, not the
+//     commit: the recheck reads with read_uncommitted.
 //   - Acknowledged means acks=all (the default of idempotent producers): a
 //     record acknowledged before a checkpoint's time lies below the high
 //     watermark read after it.

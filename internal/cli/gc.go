@@ -54,7 +54,8 @@ quarantine: everything is moved back).
 and its record's acknowledgement (producer retries,
 transaction.max.timeout.ms), plus the clock skew between the store and this
 host. --settle must exceed the longest time between a publish (or touch) and
-the append of its record (delivery.timeout.ms). During the settle time a
+its record's acknowledgement (delivery.timeout.ms; for a transaction, the
+produce, not the commit). During the settle time a
 consumer resolving a record that races the quarantine gets
 ErrPayloadNotFound until the object is restored. --dry-run moves and deletes
 nothing, stores no checkpoint, and lists what would be deleted, one full
