@@ -47,7 +47,9 @@ import (
 //     again before each op, not timed), waits the settle time (1 s,
 //     included), rechecks and deletes them.
 //
-// Metrics: records-read, objects deleted, peak-heap-MiB (the Go heap in use,
+// Metrics: list-s/op (from the start of Collect to the end of the store
+// listing: offsets, checkpoints, leftover folders and the listing),
+// records-read, objects deleted, peak-heap-MiB (the Go heap in use,
 // sampled every 5 ms during the op) and peak-rss-MiB (VmHWM of the test
 // process, reset through /proc/self/clear_refs before the op; it includes
 // the process's baseline, reported as base-rss-MiB).
@@ -61,6 +63,13 @@ func BenchmarkGC(b *testing.B) {
 		o.Topic, o.Grace, o.GraceSet, o.Settle, o.SettleSet = s.topic, grace, true, settle, true
 		var read int64
 		var peakHeap, peakRSS, baseRSS float64
+		var listTime time.Duration // summed over the ops
+		var opStart, listed time.Time
+		o.Progress = func(p lifecycle.Progress) {
+			if p.Phase == "list" {
+				listed = time.Now()
+			}
+		}
 		for b.Loop() {
 			if rewriteDead {
 				b.StopTimer()
@@ -74,8 +83,10 @@ func BenchmarkGC(b *testing.B) {
 			base := rssMiB("VmRSS")
 			stopSampling := sampleHeap()
 			b.StartTimer()
+			opStart = time.Now()
 			sum, err := lifecycle.Collect(context.Background(), s.cl, s.store, o)
 			b.StopTimer()
+			listTime += listed.Sub(opStart)
 			heap := stopSampling()
 			if err != nil {
 				b.Fatal(err)
@@ -87,6 +98,7 @@ func BenchmarkGC(b *testing.B) {
 			peakHeap, peakRSS, baseRSS = max(peakHeap, heap), max(peakRSS, rssMiB("VmHWM")), max(baseRSS, base)
 			b.StartTimer()
 		}
+		b.ReportMetric(listTime.Seconds()/float64(b.N), "list-s/op")
 		b.ReportMetric(float64(read), "records-read")
 		b.ReportMetric(float64(wantDeleted), "deleted")
 		b.ReportMetric(peakHeap, "peak-heap-MiB")
