@@ -22,21 +22,41 @@ import (
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
-// gcRaceIterations is the number of gc runs per scenario of the race tests:
-// FERRY_GC_RACE_ITERATIONS (scripts/soak raises it), 8 by default.
-func gcRaceIterations(t *testing.T) int {
+// gcRaceScenarios is the number of race scenarios (2 stores x 2 modes);
+// gcRaceStarted counts those started, to share a soak's time among them.
+const gcRaceScenarios = 4
+
+var gcRaceStarted atomic.Int64
+
+// gcRaceRuns returns the number of gc runs a race scenario makes at least,
+// FERRY_GC_RACE_ITERATIONS (8 by default), and until when it goes on: with
+// FERRY_SOAK_UNTIL (unix seconds; scripts/soak sets it), this scenario's
+// share of the time left (zero otherwise).
+func gcRaceRuns(t *testing.T) (int, time.Time) {
+	n := 8
 	if s := os.Getenv("FERRY_GC_RACE_ITERATIONS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
+		var err error
+		if n, err = strconv.Atoi(s); err != nil || n < 1 {
 			t.Fatalf("FERRY_GC_RACE_ITERATIONS=%q: want a positive number", s)
 		}
-		return n
 	}
-	return 8
+	started := gcRaceStarted.Add(1)
+	var until time.Time
+	if s := os.Getenv("FERRY_SOAK_UNTIL"); s != "" {
+		secs, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("FERRY_SOAK_UNTIL=%q: want unix seconds", s)
+		}
+		if left := time.Until(time.Unix(secs, 0)); left > 0 {
+			until = time.Now().Add(left / time.Duration(max(1, gcRaceScenarios-started+1)))
+		}
+	}
+	return n, until
 }
 
 // gc racing producers, on the file store and on the real S3 server. Each
-// scenario runs gc back to back while producers (the Go library, content ids
+// scenario runs gc back to back (gcRaceRuns: 8 runs, more when soaking)
+// while producers (the Go library, content ids
 // for values and offloaded keys, threshold 1 KiB) keep
 //
 //   - republishing a pool of contents and keys (equal bytes, same object);
@@ -101,7 +121,7 @@ func (l *raceLog) pick(rng *rand.Rand) (*kgo.Record, raceExpect, bool) {
 }
 
 func gcRace(t *testing.T, storeURL string, checkpoints bool) {
-	iterations := gcRaceIterations(t)
+	minRuns, until := gcRaceRuns(t)
 	cfg := largemessage.DefaultConfig()
 	cfg.StoreURL = storeURL
 	cfg.Threshold = gcThreshold
@@ -225,7 +245,9 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 	var total lifecycle.Summary
 	modes := map[lifecycle.Mode]int{}
 	time.Sleep(500 * time.Millisecond)
-	for i := range iterations {
+	iterations := 0
+	for i := 0; i < minRuns || time.Now().Before(until); i++ {
+		iterations++
 		time.Sleep(gap)
 		if checkpoints && len(ends) >= 2 {
 			// Retention: records before the end of the run two back go.
