@@ -87,8 +87,15 @@ func orphans(t testing.TB, s payloadstore.PayloadStore, topic string, seed uint6
 	return paths, size
 }
 
+// testSettle is the settle time of the tests' gc runs: their producers
+// append within milliseconds of a publish.
+const testSettle = time.Second
+
 func collect(t testing.TB, e *env, o lifecycle.Options) lifecycle.Summary {
 	t.Helper()
+	if !o.SettleSet {
+		o.Settle, o.SettleSet = testSettle, true
+	}
 	sum, err := lifecycle.Collect(ctxT(t, 3*time.Minute), client(t), e.store, o)
 	if err != nil {
 		t.Fatalf("Collect: %v", err)
@@ -364,7 +371,7 @@ func TestCLIGC(t *testing.T) {
 	orphan, size := orphans(t, e.store, topic, 1100, 2)
 	ctx := ctxT(t, 3*time.Minute)
 	var out, errb bytes.Buffer
-	if code := cli.Run(ctx, []string{"gc", "--brokers", b, "--topic", topic, "--store", storeURL, "--grace", "0s", "--dry-run"}, &out, &errb); code != cli.ExitOK {
+	if code := cli.Run(ctx, []string{"gc", "--brokers", b, "--topic", topic, "--store", storeURL, "--grace", "0s", "--settle", "1s", "--dry-run"}, &out, &errb); code != cli.ExitOK {
 		t.Fatalf("ferry gc --dry-run exited %d: %s", code, errb.String())
 	}
 	var listed []string
@@ -388,7 +395,7 @@ func TestCLIGC(t *testing.T) {
 
 	out.Reset()
 	errb.Reset()
-	if code := cli.Run(ctx, []string{"gc", "--brokers", b, "--topic", topic, "--store", storeURL, "--grace", "0s"}, &out, &errb); code != cli.ExitOK {
+	if code := cli.Run(ctx, []string{"gc", "--brokers", b, "--topic", topic, "--store", storeURL, "--grace", "0s", "--settle", "1s"}, &out, &errb); code != cli.ExitOK {
 		t.Fatalf("ferry gc exited %d: %s", code, errb.String())
 	}
 	if want := fmt.Sprintf("2 deleted, %d bytes freed", size); !strings.Contains(out.String(), want) {

@@ -4,41 +4,136 @@
 // where no TTL fits).
 //
 // Collect lists the objects under a topic's prefix in the payload store,
-// reads the whole topic, and deletes the listed objects that no live record
-// references and that are older than a grace period. Live records are, for a
-// topic whose cleanup.policy is delete, every committed record still in the
-// log; for a compacted topic (cleanup.policy contains compact), the latest
-// record of each key, as Kafka's log compaction keeps it: a key whose latest
-// record is a tombstone (null value) holds no value payload. An offloaded key
-// stays live as long as any record carrying it is in the log (a tombstone
-// still needs its key).
+// decides which of them are garbage, and removes those in two steps: it
+// moves them into a quarantine folder, waits a settle time, reads the records
+// appended to the topic since its decision, moves back every quarantined
+// object such a record references, and deletes the rest.
 //
-// Safety rules:
+// # Deciding
+//
+// An object is a candidate when its ModTime is older than the grace period
+// (Options.Grace) and one of these proves that no live record references it:
+//
+//   - Full read (compacted topics always; delete-policy topics until a
+//     checkpoint is usable, or with ModeFull): the topic is read from the
+//     start of every partition to its last stable offset with
+//     read_committed, and no record read references the object. Live
+//     records are, for a topic whose cleanup.policy is delete, every
+//     committed record still in the log; for a compacted topic
+//     (cleanup.policy contains compact), the latest record of each key, as
+//     Kafka's log compaction keeps it: a key whose latest record is a
+//     tombstone (null value) holds no value payload. An offloaded key stays
+//     live as long as any record carrying it is in the log (a tombstone still
+//     needs its key). Partitions are read in parallel (Options.ReadWorkers
+//     clients, each over its share of the partitions).
+//   - Checkpoint (delete-policy topics, ModeAuto or ModeCheckpoint; the
+//     topic is not read): every run first stores a checkpoint
+//     "<topic>/.ferry-gc/checkpoints": the time on gc's clock, then the high
+//     watermark of every partition. Every record acknowledged before that
+//     time lies below those offsets. A checkpoint c is usable once every
+//     partition's log start offset has reached c's offset (a partition c
+//     does not name counts as 0): retention has deleted every record
+//     acknowledged before c's time. An object with ModTime m is garbage when
+//     a usable checkpoint has m + grace <= its time: every record that
+//     references the object was acknowledged within the grace period after
+//     the object's ModTime was last set (publish, copy or touch; see the
+//     grace rule below), so before c's time, and is gone. Objects no usable
+//     checkpoint proves are kept (Summary.Unproven). With ModeAuto a run
+//     without a usable checkpoint falls back to the full read. The cost of a
+//     checkpoint run does not grow with the number of records in the topic:
+//     it lists the store and reads only the records appended during the run.
+//     Checkpoints retention has passed are pruned except the newest;
+//     checkpoints dated after the run's start (gc's clock was ahead when
+//     they were taken) are dropped.
+//
+// # Quarantine and recheck
+//
+// Candidates are moved, not deleted, to
+// "<topic>/.ferry-gc/q/<run>/<shard>/<id>" (payloadstore.List skips that
+// folder). Before it moves anything, the run stores a manifest there: its
+// id, start time and E1, per partition the offset from which records were
+// not taken into account by the decision (the end of the full read; in
+// checkpoint mode the high watermarks taken before the store was listed).
+// Then, per candidate: its Version is compared with the listed one before
+// the move, and where the move keeps it (the file store's rename(2)) after
+// the move as well; an object republished (a content id written again by an
+// equal payload) or touched since it was listed stays, or is moved back at
+// once (Summary.Changed).
+//
+// After the last move the run waits Options.Settle, then reads every record
+// from E1 to the partitions' current high watermarks with read_uncommitted
+// (records of open and aborted transactions count: conservative), and moves
+// back every quarantined object a record references (its key or value
+// reference, matched on "<topic>/<shard>/<id>"); a restored object is
+// touched where the move kept its old ModTime, and when an object is already
+// at its key again (republished: same bytes), the quarantined copy is
+// removed instead. Only then are the other quarantined objects deleted, and
+// the manifest last.
+//
+// Why this is safe: an acknowledged record R that references a quarantined
+// object X either lies below E1, where the decision saw it (full read) or
+// proves it deleted (checkpoint), or lies from E1 on. In the latter case, R
+// was produced after the write (publish, copy or touch) of X it relies on.
+// If that write came before X was moved, R was acknowledged within the
+// settle time of the write (the settle rule), so it lies below the high
+// watermarks the recheck reads to: the recheck sees R and restores X. If it came after the move, a
+// publish or copy put a new object at X's key (nothing to restore), and a
+// touch failed on the missing object, so R was never produced.
+//
+// A run that stops after moving (crash, kill, cancelled context) leaves its
+// folder. The next run lists such folders before it lists the store, and
+// finishes them with the same rule, reading from the smallest E1 of all
+// folders; a folder without a readable manifest is restored whole. When the
+// recheck read fails (stall, corrupt reference), every quarantined object is
+// restored and nothing is deleted.
+//
+// # Rules the operator keeps
+//
+//   - Grace (24h by default) must exceed the longest time between setting an
+//     object's ModTime (publish, copy, touch) and the acknowledgement of the
+//     record that references it: producer retries (delivery.timeout.ms) and,
+//     for transactional producers, transaction.max.timeout.ms; plus the
+//     clock skew between the payload store (ModTime) and gc's host (the
+//     checkpoint's time, the cutoff). A payload published but not yet in
+//     the log looks like an orphan; grace is what protects it from the full
+//     read's point of view, and it is what the checkpoint proof rests on.
+//   - Settle (2m by default) must exceed the longest time between such a
+//     write and the acknowledgement of the record (producer retries and
+//     batching; the Java producer's delivery.timeout.ms of 120 s counts in
+//     full). For a transactional record that is its produce, not the
+//     commit: the recheck reads with read_uncommitted.
+//   - Acknowledged means acks=all (the default of idempotent producers): a
+//     record acknowledged before a checkpoint's time lies below the high
+//     watermark read after it.
+//
+// Further rules:
 //
 //   - The store is listed before the topic is read, so an object written
-//     while Collect runs is never a candidate.
-//   - Objects newer than the grace period (Options.Grace, 24h by default) are
-//     never deleted. The grace must exceed the longest time between a
-//     payload's publish and the produce of the record that references it:
-//     producer retries (delivery.timeout.ms) and, for transactional producers,
-//     transaction.max.timeout.ms. A payload published but not yet in the log
-//     looks like an orphan; the grace is what protects it.
-//   - The topic is read up to its last stable offset with read_committed
-//     isolation, so aborted records hold nothing and an open transaction is
-//     not read past (its payloads are newer than the grace anyway, by the rule
-//     above). A read that does not complete is an error and nothing is
-//     deleted.
+//     while Collect runs is never a candidate of the full read.
+//   - Objects newer than the grace period are never candidates.
+//   - The full read goes to the last stable offset with read_committed:
+//     aborted records hold nothing, and records of transactions still open
+//     are read by the recheck.
+//   - A read that does not complete (no progress for 3 polls of 10 s) is an
+//     error; so is a record marked large-message (or large-message-key)
+//     whose reference does not decode, naming its topic, partition and
+//     offset. Collect never deletes when it cannot tell what is live.
 //   - References and listed objects are matched on the object's name
 //     "<topic>/<shard>/<id>", not on the whole full path, so a reference
 //     written through another spelling of the store's root still keeps its
 //     object; a reference into another store is otherwise ignored.
-//   - A record marked large-message (or large-message-key) whose reference
-//     does not decode stops the run with an error naming its topic, partition
-//     and offset: Collect never deletes when it cannot tell what is live.
+//   - Run one Collect per topic at a time. A run treats another run's
+//     quarantine folder as left over; the rule above keeps that safe, but
+//     the two runs then race for the same objects.
 //
-// With a compacted topic, a consumer that replays the topic from its start
-// may still meet an overwritten record that compaction has not removed yet,
-// whose payload Collect deleted: it gets ErrPayloadNotFound
+// What consumers see: an object a racing producer republishes (or a record
+// that was produced within the settle time of its write) can be in
+// quarantine for up to the settle time plus the recheck, and a consumer
+// resolving such a record then gets ErrPayloadNotFound (the Deserializer
+// does not retry it); after the restore it resolves. With a compacted topic,
+// a consumer that replays the topic from its start may still meet an
+// overwritten record that compaction has not removed yet, whose payload
+// Collect deleted: it gets ErrPayloadNotFound
 // (large.message.skip.not.found.error=true skips such records). That is
 // Kafka's own compaction contract: only the latest record per key is
 // guaranteed.
@@ -50,13 +145,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
@@ -64,15 +159,52 @@ import (
 // Options.GraceSet is false: one day.
 const DefaultGrace = 24 * time.Hour
 
+// DefaultSettle is the settle time when Options.Settle is 0 and
+// Options.SettleSet is false: two minutes.
+const DefaultSettle = 2 * time.Minute
+
+// DefaultStoreConcurrency is the number of store operations (moves,
+// restores, deletes) in flight when Options.StoreConcurrency is 0.
+const DefaultStoreConcurrency = 16
+
 // Read-loop bounds: a poll waits at most pollTimeout; when maxIdlePolls poll
 // timeouts pass without a record of a pending partition, the read fails.
 const (
 	pollTimeout  = 10 * time.Second
 	maxIdlePolls = 3
-	// fetchMaxBytes is the fetch response size asked for (bytes); records
-	// are small references, so this is many of them per fetch.
-	fetchMaxBytes = 64 << 20
+	// fetchMaxBytes and fetchMaxPartitionBytes bound one fetch response
+	// of each reading client (bytes, compressed as stored). Records are
+	// small references: 4 MiB is some 100,000 of them, and what a poll
+	// returns is held in memory as franz-go records (docs/BENCHMARKS.md:
+	// 64 MiB fetches doubled the peak heap and gained nothing).
+	fetchMaxBytes          = 4 << 20
+	fetchMaxPartitionBytes = 1 << 20
 )
+
+// Mode selects how Collect decides that an object is garbage.
+type Mode string
+
+const (
+	// ModeAuto: checkpoint mode for a delete-policy topic that has a usable
+	// checkpoint, the full read otherwise.
+	ModeAuto Mode = "auto"
+	// ModeFull: always read the whole topic.
+	ModeFull Mode = "full"
+	// ModeCheckpoint: never read the whole topic (delete-policy topics
+	// only); without a usable checkpoint nothing is a candidate.
+	ModeCheckpoint Mode = "checkpoint"
+)
+
+// ParseMode parses "auto" (or ""), "full" or "checkpoint".
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case "", ModeAuto:
+		return ModeAuto, nil
+	case ModeFull, ModeCheckpoint:
+		return Mode(s), nil
+	}
+	return "", fmt.Errorf("gc: mode %q: want auto, full or checkpoint", s)
+}
 
 // Options configure Collect.
 type Options struct {
@@ -84,67 +216,127 @@ type Options struct {
 	// GraceSet makes a Grace of 0 mean zero (every unreferenced object is
 	// a candidate); for tests and for topics known to be idle.
 	GraceSet bool
-	// DryRun: delete nothing; Summary.Candidates lists what would be
-	// deleted.
+	// Settle: how long quarantined objects wait before the records
+	// appended meanwhile are read. 0 means DefaultSettle (2m) unless
+	// SettleSet is true.
+	Settle time.Duration
+	// SettleSet makes a Settle of 0 mean zero.
+	SettleSet bool
+	// Mode: ModeAuto ("" too), ModeFull or ModeCheckpoint.
+	Mode Mode
+	// ReadWorkers: clients reading partitions in parallel, each over its
+	// share of the partitions; 0 means max(2, GOMAXPROCS), at most 8.
+	ReadWorkers int
+	// StoreConcurrency: store operations in flight; 0 means
+	// DefaultStoreConcurrency.
+	StoreConcurrency int
+	// DryRun: move and delete nothing and store no checkpoint (the
+	// checkpoints are read, through a temporary copy, when the store
+	// allows it);
+	// Summary.Candidates lists what would be quarantined and deleted.
 	DryRun bool
-	// Now is the clock (time.Now when nil).
+	// Now is gc's clock (time.Now when nil): the grace cutoff and the
+	// checkpoints' times.
 	Now func() time.Time
-	// Progress, when set, is called as the run advances (from the calling
-	// goroutine).
+	// Progress, when set, is called as the run advances, from the calling
+	// goroutine (the run waits for it). Phases in order: "list", "read"
+	// (full read), "quarantine" (first call before anything is moved),
+	// "settle" (first call after the last move), "recheck", "finish".
 	Progress func(Progress)
 }
 
 // Progress is a snapshot of a running Collect.
 type Progress struct {
-	Phase       string // "list", "read" or "delete"
-	Listed      int    // objects listed so far
-	RecordsRead int64  // records read so far (control records excluded)
-	Checked     int    // candidates checked against the live set so far
-	Deleted     int    // objects deleted so far
+	Phase       string
+	Listed      int   // objects listed so far
+	RecordsRead int64 // records read so far by the full read (control records excluded)
+	Checked     int   // candidates handled so far (quarantine phase)
+	Quarantined int   // objects moved to quarantine so far
+	Rechecked   int64 // records read so far by the recheck
+	Restored    int   // objects restored so far
+	Deleted     int   // objects deleted so far
 }
 
-// Summary is what a Collect run found and did.
+// Summary is what a Collect run found and did. For the objects listed by
+// this run: Listed = Referenced + TooNew + Unproven + Changed + Restored +
+// Deleted + Failed.
 type Summary struct {
+	// RunID names the run (its quarantine folder).
+	RunID string
 	// Compacted: the topic's cleanup.policy contains compact.
 	Compacted bool
-	// RecordsRead counts the records read (control records excluded).
+	// Mode: how the run decided, ModeFull or ModeCheckpoint.
+	Mode Mode
+	// Checkpoint: in checkpoint mode, the time of the usable checkpoint
+	// that proves objects garbage (zero when there is none).
+	Checkpoint time.Time
+	// RecordsRead counts the records the full read read (control records
+	// excluded); 0 in checkpoint mode.
 	RecordsRead int64
+	// Rechecked counts the records the recheck read (appended from E1 on).
+	Rechecked int64
 	// LiveReferences counts the distinct objects live records reference
-	// (matched on "<topic>/<shard>/<id>", whatever store root the
-	// reference names).
+	// (full read; matched on "<topic>/<shard>/<id>", whatever store root
+	// the reference names).
 	LiveReferences int
 	// Listed counts the objects under the topic's prefix.
 	Listed int
 	// Referenced counts listed objects older than the grace period that a
-	// live record references (kept).
+	// live record references (kept; full read).
 	Referenced int
 	// TooNew counts listed objects within the grace period (kept whether
-	// referenced or not). Listed = Referenced + TooNew + Deleted + Failed.
+	// referenced or not).
 	TooNew int
-	// Deleted counts deleted objects (with DryRun: objects that would be).
+	// Unproven counts listed objects older than the grace period that no
+	// usable checkpoint proves garbage (kept; checkpoint mode).
+	Unproven int
+	// Changed counts candidates republished, touched or removed between
+	// the listing and the move (left, or put back at once).
+	Changed int
+	// Quarantined counts the objects moved to quarantine.
+	Quarantined int
+	// Restored counts quarantined objects moved back because a record
+	// appended since E1 references them.
+	Restored int
+	// Deleted counts deleted objects (with DryRun: objects that would be
+	// quarantined, and deleted unless a racing record restores them).
 	Deleted int
 	// BytesFreed is the size of the deleted objects, in bytes.
 	BytesFreed int64
-	// Failed counts objects whose delete failed.
+	// Failed counts objects a store operation failed on (left in place,
+	// or in quarantine for the next run to finish).
 	Failed int
-	// Candidates are the objects deleted (with DryRun: that would be), in
-	// full-path order.
+	// Candidates are the objects deleted (with DryRun: that would be), by
+	// their original full paths, in order.
 	Candidates []payloadstore.ObjectInfo
+	// RestoredObjects are the objects restored, in order.
+	RestoredObjects []payloadstore.ObjectInfo
+	// LeftoverRuns counts quarantine folders of earlier runs found (and,
+	// unless DryRun, finished).
+	LeftoverRuns int
+	// LeftoverRestored and LeftoverDeleted count their objects restored
+	// and deleted.
+	LeftoverRestored, LeftoverDeleted int
 }
 
-// Collect deletes the objects of store under o.Topic's prefix that no live
+// Collect removes the objects of store under o.Topic's prefix that no live
 // record of the topic references and that are older than the grace period
 // (see the package documentation for the rules).
 //
-// cl is used for admin requests (DescribeConfigs, ListOffsets); the topic is
-// read by a separate client made from cl's options (seed brokers, TLS, SASL)
-// plus direct partition consumption, so cl must not be a consumer-group
-// client. Errors: the topic does not exist, its offsets or configs cannot be
-// read, the read stalls (no progress for 3 polls of 10 s; the error names the
+// cl is used for admin requests (Metadata, DescribeConfigs, ListOffsets);
+// the topic is read by separate clients made from cl's options (seed
+// brokers, TLS, SASL) plus direct partition consumption, so cl must not be a
+// consumer-group client. store must offer payloadstore.ObjectStore (every
+// store of package payloadstore does, wrapped or not).
+//
+// Errors: the topic does not exist, its offsets or configs cannot be read, a
+// read stalls (no progress for 3 polls of 10 s; the error names the
 // partition and offset), a record has a corrupt reference, or the store
-// cannot list. In all those cases nothing is deleted. When some deletes fail,
-// the others still happen and the error says how many failed; the Summary is
-// returned in every case.
+// cannot list or write gc's objects. Before anything is quarantined, nothing
+// is changed; after, a failed recheck restores everything. When some store
+// operations fail, the others still happen and the error says how many
+// failed. A cancelled ctx leaves the quarantine for the next run. The
+// Summary is returned in every case.
 func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStore, o Options) (Summary, error) {
 	var sum Summary
 	if o.Topic == "" {
@@ -153,88 +345,564 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 	if o.Grace < 0 {
 		return sum, fmt.Errorf("gc: grace %s is negative", o.Grace)
 	}
+	if o.Settle < 0 {
+		return sum, fmt.Errorf("gc: settle %s is negative", o.Settle)
+	}
+	mode, err := ParseMode(string(o.Mode))
+	if err != nil {
+		return sum, err
+	}
 	grace := o.Grace
 	if grace == 0 && !o.GraceSet {
 		grace = DefaultGrace
+	}
+	settle := o.Settle
+	if settle == 0 && !o.SettleSet {
+		settle = DefaultSettle
 	}
 	now := time.Now
 	if o.Now != nil {
 		now = o.Now
 	}
-	report := func(p Progress) {
-		if o.Progress != nil {
-			o.Progress(p)
-		}
+	r := &run{o: o, cl: cl, ps: store, sum: &sum, keepsVersion: moveKeepsVersion(store), settle: settle,
+		readWorkers: o.ReadWorkers, storeWorkers: o.StoreConcurrency}
+	if r.readWorkers <= 0 {
+		r.readWorkers = defaultWorkers()
+	}
+	if r.storeWorkers <= 0 {
+		r.storeWorkers = DefaultStoreConcurrency
+	}
+	if r.g, err = newGCStore(store, o.Topic); err != nil {
+		return sum, err
 	}
 	adm := kadm.NewClient(cl)
+	r.adm = adm
 
-	// 1. The topic's cleanup.policy.
+	// 1. The topic: its cleanup.policy and id.
 	compacted, err := isCompacted(ctx, adm, o.Topic)
 	if err != nil {
 		return sum, err
 	}
 	sum.Compacted = compacted
+	if compacted && mode == ModeCheckpoint {
+		return sum, fmt.Errorf("gc: topic %s is compacted: checkpoint mode needs cleanup.policy=delete", o.Topic)
+	}
+	topicID, err := topicIDOf(ctx, adm, o.Topic)
+	if err != nil {
+		return sum, err
+	}
+	r.topicID = topicID
 
-	// 2. List the store first: an object written after this is never a
-	// candidate, whatever the read below sees.
+	// 2. gc's clock, then the high watermarks (this order makes them a
+	// checkpoint), and the log start offsets.
+	start := now()
+	sum.RunID = newRunID(start)
+	hw, err := listOffsets(ctx, o.Topic, "end offsets", adm.ListEndOffsets)
+	if err != nil {
+		return sum, err
+	}
+	logStart, err := listOffsets(ctx, o.Topic, "start offsets", adm.ListStartOffsets)
+	if err != nil {
+		return sum, err
+	}
+
+	// 3. Checkpoints (delete policy), stored before anything is decided.
+	var proof *checkpoint
+	if !compacted {
+		cps, err := r.g.loadCheckpoints(ctx, topicID)
+		if err != nil && !o.DryRun {
+			return sum, err
+		}
+		// A checkpoint from the future (gc's clock was ahead then) would
+		// prove too much: dropped.
+		cps = slices.DeleteFunc(cps, func(c checkpoint) bool { return c.Time.After(start) })
+		cps = append(cps, checkpoint{Time: start, Offsets: hw})
+		if c, ok := newestPassed(cps, logStart); ok {
+			proof = &c
+		}
+		if !o.DryRun {
+			if err := r.g.saveCheckpoints(ctx, topicID, pruneCheckpoints(cps, logStart)); err != nil {
+				return sum, err
+			}
+		}
+	}
+	if mode == ModeAuto {
+		mode = ModeFull
+		if proof != nil {
+			mode = ModeCheckpoint
+		}
+	}
+	sum.Mode = mode
+	if mode == ModeCheckpoint && proof != nil {
+		sum.Checkpoint = proof.Time
+	}
+
+	// 4. Quarantine folders left by earlier runs.
+	leftovers, err := r.g.listLeftovers(ctx, !o.DryRun)
+	if err != nil {
+		return sum, err
+	}
+	leftoversListed := time.Now()
+	sum.LeftoverRuns = len(leftovers)
+	if !o.DryRun {
+		r.g.removeTouchLeftovers(ctx, now())
+	}
+
+	// 5. List the store before reading: an object written after this is
+	// never a candidate of the full read.
+	// In checkpoint mode the proof is known already: objects are decided
+	// as they are listed, and only candidates are kept in memory.
 	cutoff := now().Add(-grace)
-	var old []payloadstore.ObjectInfo
+	var old, cands []payloadstore.ObjectInfo
 	err = payloadstore.List(ctx, store, o.Topic, func(oi payloadstore.ObjectInfo) error {
 		sum.Listed++
-		if oi.ModTime.Before(cutoff) {
-			old = append(old, oi)
-		} else {
+		switch {
+		case !oi.ModTime.Before(cutoff):
 			sum.TooNew++
+		case mode == ModeFull:
+			old = append(old, oi)
+		case proof != nil && !oi.ModTime.Add(grace).After(proof.Time):
+			cands = append(cands, oi)
+		default:
+			sum.Unproven++
 		}
 		if sum.Listed%1000 == 0 {
-			report(Progress{Phase: "list", Listed: sum.Listed})
+			r.report(Progress{Phase: "list"})
 		}
 		return nil
 	})
 	if err != nil {
 		return sum, fmt.Errorf("gc: listing the payloads of topic %s: %w", o.Topic, err)
 	}
-	report(Progress{Phase: "list", Listed: sum.Listed})
+	r.report(Progress{Phase: "list"})
 
-	// 3. and 4. Read the topic and collect the live references.
-	live, n, err := readLive(ctx, cl, adm, o.Topic, compacted, func(n int64) {
-		report(Progress{Phase: "read", Listed: sum.Listed, RecordsRead: n})
-	})
-	sum.RecordsRead = n
+	// 6. Decide.
+	var e1 offsets
+	if mode == ModeCheckpoint {
+		e1 = hw
+	} else {
+		live, n, end, err := readLive(ctx, cl, adm, o.Topic, compacted, r.readWorkers, func(n int64) {
+			sum.RecordsRead = n
+			r.report(Progress{Phase: "read"})
+		})
+		sum.RecordsRead = n
+		if err != nil {
+			if ctx.Err() != nil {
+				return sum, ctx.Err()
+			}
+			return sum, fmt.Errorf("%w; nothing deleted", err)
+		}
+		sum.LiveReferences = len(live)
+		e1 = end
+		for _, oi := range old {
+			if _, ok := live[objectName(oi.FullPath)]; ok {
+				sum.Referenced++
+			} else {
+				cands = append(cands, oi)
+			}
+		}
+	}
+	slices.SortFunc(cands, byPath)
+
+	if o.DryRun {
+		sum.Candidates = cands
+		sum.Deleted = len(cands)
+		for _, c := range cands {
+			sum.BytesFreed += c.Size
+		}
+		return sum, nil
+	}
+
+	// 7. Quarantine the candidates.
+	own, lastMove, err := r.quarantine(ctx, cands, manifest{Version: 1, Run: sum.RunID, Topic: o.Topic, TopicID: topicID, Mode: mode, Start: start, E1: e1})
 	if err != nil {
 		return sum, err
 	}
-	sum.LiveReferences = len(live)
 
-	// 5. Delete the old objects nothing live references.
-	slices.SortFunc(old, func(a, b payloadstore.ObjectInfo) int { return strings.Compare(a.FullPath, b.FullPath) })
-	var failed []error
-	for i, oi := range old {
-		if err := ctx.Err(); err != nil {
-			return sum, err
+	// 8. Wait, recheck, restore what is referenced, delete the rest.
+	var all []qobj
+	for _, q := range own {
+		q.e1 = e1
+		all = append(all, q)
+	}
+	runs := map[string]bool{}
+	if len(own) > 0 {
+		runs[sum.RunID] = true
+	}
+	for _, lr := range leftovers {
+		var le1 offsets // nil: no manifest, restore unconditionally
+		if lr.manifest != nil {
+			runs[lr.run] = true
+			le1 = lr.manifest.E1
+			if le1 == nil || (lr.manifest.TopicID != "" && topicID != "" && lr.manifest.TopicID != topicID) {
+				le1 = offsets{} // another incarnation of the topic: from its start
+			}
 		}
-		if _, ok := live[objectName(oi.FullPath)]; ok {
-			sum.Referenced++
-		} else if o.DryRun {
-			sum.Candidates = append(sum.Candidates, oi)
-			sum.Deleted++
-			sum.BytesFreed += oi.Size
-		} else if err := store.Delete(ctx, oi.FullPath); err != nil {
-			sum.Failed++
-			failed = append(failed, err)
+		for _, q := range lr.objs {
+			q.e1 = le1
+			all = append(all, q)
+		}
+	}
+	if len(all) == 0 {
+		for run := range runs {
+			_ = r.g.removeManifest(ctx, run) // empty folders of earlier runs
+		}
+		return sum, r.failures()
+	}
+	wait := lastMove
+	if len(leftovers) > 0 && leftoversListed.After(wait) {
+		wait = leftoversListed
+	}
+	return sum, r.finish(ctx, all, runs, wait.Add(settle))
+}
+
+// run is the state of one Collect.
+type run struct {
+	o                         Options
+	cl                        *kgo.Client
+	adm                       *kadm.Client
+	ps                        payloadstore.PayloadStore
+	g                         *gcStore
+	sum                       *Summary
+	topicID                   string
+	keepsVersion              bool
+	settle                    time.Duration
+	readWorkers, storeWorkers int
+
+	mu         sync.Mutex
+	firstErr   error
+	nFailed    int
+	failedRuns map[string]bool // runs with an object not handled: their manifests stay
+}
+
+// report calls Options.Progress with p, whose phase-specific counts the
+// caller sets, completed with the run's totals so far.
+func (r *run) report(p Progress) {
+	if r.o.Progress == nil {
+		return
+	}
+	p.Listed, p.RecordsRead, p.Rechecked = r.sum.Listed, r.sum.RecordsRead, r.sum.Rechecked
+	if p.Quarantined == 0 {
+		p.Quarantined = r.sum.Quarantined
+	}
+	r.o.Progress(p)
+}
+
+// fail records a failed store operation.
+func (r *run) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nFailed++
+	if r.firstErr == nil {
+		r.firstErr = err
+	}
+}
+
+func (r *run) markRunFailed(run string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failedRuns == nil {
+		r.failedRuns = map[string]bool{}
+	}
+	r.failedRuns[run] = true
+}
+
+func (r *run) runFailed(run string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failedRuns[run]
+}
+
+// failures is the run's error for its failed store operations, if any.
+func (r *run) failures() error {
+	if r.nFailed == 0 {
+		return nil
+	}
+	return fmt.Errorf("gc: %d store operations failed (objects left in place or in quarantine for the next run), first: %w", r.nFailed, r.firstErr)
+}
+
+func byPath(a, b payloadstore.ObjectInfo) int { return strings.Compare(a.FullPath, b.FullPath) }
+
+// quarantine stores the run's manifest and moves cands to the run's folder.
+// It returns the objects moved and the time of the last move.
+func (r *run) quarantine(ctx context.Context, cands []payloadstore.ObjectInfo, m manifest) ([]qobj, time.Time, error) {
+	if len(cands) == 0 {
+		return nil, time.Time{}, nil
+	}
+	if err := r.g.put(ctx, quarantineDir+m.Run+"/"+manifestName, m); err != nil {
+		return nil, time.Time{}, err
+	}
+	r.report(Progress{Phase: "quarantine"})
+	type result struct {
+		q   qobj
+		out moveOutcome
+		at  time.Time
+	}
+	res := make([]result, len(cands))
+	var mu sync.Mutex
+	checked, quarantined := 0, 0
+	parallel(ctx, len(cands), r.storeWorkers, func(i int) {
+		q, out, err := r.g.quarantineOne(ctx, m.Run, cands[i], r.keepsVersion)
+		res[i] = result{q: q, out: out, at: time.Now()}
+		if out == failed {
+			r.fail(err)
+		}
+		mu.Lock()
+		checked++
+		if out == moved {
+			quarantined++
+		}
+		mu.Unlock()
+	}, func() {
+		mu.Lock()
+		p := Progress{Phase: "quarantine", Checked: checked, Quarantined: quarantined}
+		mu.Unlock()
+		r.report(p)
+	})
+	var own []qobj
+	var last time.Time
+	for _, x := range res {
+		if x.at.IsZero() {
+			continue // not started: ctx is done
+		}
+		switch x.out {
+		case moved:
+			own = append(own, x.q)
+			r.sum.Quarantined++
+			if x.at.After(last) {
+				last = x.at
+			}
+		case changed:
+			r.sum.Changed++
+		case failed:
+			r.sum.Failed++
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, last, err // the manifest stays: the next run finishes the folder
+	}
+	if len(own) == 0 {
+		_ = r.g.removeManifest(ctx, m.Run)
+	}
+	return own, last, nil
+}
+
+// finish waits until deadline, reads the records appended from the smallest
+// E1 of all to the current high watermarks, restores the objects of all that
+// a record references (or that have no E1) and deletes the others, then
+// removes the manifests of runs whose objects were all handled.
+func (r *run) finish(ctx context.Context, all []qobj, runs map[string]bool, deadline time.Time) error {
+	r.report(Progress{Phase: "settle"})
+	if d := time.Until(deadline); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+
+	// The recheck.
+	referenced := map[string]bool{}
+	names := map[string]bool{}
+	var from offsets
+	for _, q := range all {
+		if q.e1 == nil {
+			continue
+		}
+		names[q.name] = true
+		if from == nil {
+			from = offsets{}
+			for p, off := range q.e1 {
+				from[p] = off
+			}
+			continue
+		}
+		for p := range from {
+			from[p] = min(from[p], q.e1[p]) // a partition q.e1 does not name: 0
+		}
+	}
+	if from != nil {
+		err := r.recheck(ctx, from, names, referenced)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// Cannot tell what the appended records reference: put
+			// everything back.
+			for i := range all {
+				all[i].e1 = nil
+			}
+			r.apply(ctx, all, referenced)
+			for run := range runs {
+				if !r.runFailed(run) {
+					_ = r.g.removeManifest(ctx, run)
+				}
+			}
+			return fmt.Errorf("%w; every quarantined object restored, nothing deleted", err)
+		}
+	}
+	r.apply(ctx, all, referenced)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for run := range runs {
+		if !r.runFailed(run) {
+			if err := r.g.removeManifest(ctx, run); err != nil {
+				r.fail(err)
+			}
+		}
+	}
+	return r.failures()
+}
+
+// recheck reads the records of the topic from `from` (per partition, no
+// lower than the log start offset) to the current high watermarks with
+// read_uncommitted, and marks in referenced the names of names that a
+// record's key or value reference names.
+func (r *run) recheck(ctx context.Context, from offsets, names, referenced map[string]bool) error {
+	topic := r.o.Topic
+	e2, err := listOffsets(ctx, topic, "end offsets", r.adm.ListEndOffsets)
+	if err != nil {
+		return err
+	}
+	ls, err := listOffsets(ctx, topic, "start offsets", r.adm.ListStartOffsets)
+	if err != nil {
+		return err
+	}
+	spans := make(map[int32]span, len(e2))
+	for p, end := range e2 {
+		spans[p] = span{start: max(from[p], ls[p]), end: end}
+	}
+	gs := groups(spans, r.readWorkers)
+	found := make([]map[string]bool, len(gs))
+	for i := range found {
+		found[i] = map[string]bool{}
+	}
+	n, err := readGroups(ctx, r.cl, topic, spans, gs, false, func(g int, rec *kgo.Record) error {
+		kp, vp, err := references(rec)
+		if err != nil {
+			return err
+		}
+		for _, p := range []string{kp, vp} {
+			if p != "" && names[objectName(p)] {
+				found[g][objectName(p)] = true
+			}
+		}
+		return nil
+	}, func(n int64) {
+		r.sum.Rechecked = n
+		r.report(Progress{Phase: "recheck"})
+	})
+	r.sum.Rechecked = n
+	if err != nil {
+		return err
+	}
+	for _, f := range found {
+		for name := range f {
+			referenced[name] = true
+		}
+	}
+	return nil
+}
+
+// apply restores every object of all that has no E1 or whose name is
+// referenced, and deletes the others.
+func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool) {
+	type result struct {
+		restore, done bool
+		err           error
+	}
+	res := make([]result, len(all))
+	var mu sync.Mutex
+	restored, deleted := 0, 0
+	parallel(ctx, len(all), r.storeWorkers, func(i int) {
+		q := all[i]
+		restore := q.e1 == nil || referenced[q.name]
+		var err error
+		if restore {
+			err = r.g.restoreOne(ctx, q, r.keepsVersion)
 		} else {
-			sum.Candidates = append(sum.Candidates, oi)
-			sum.Deleted++
-			sum.BytesFreed += oi.Size
+			err = r.g.ops.Remove(ctx, q.qkey)
 		}
-		if (i+1)%100 == 0 || i == len(old)-1 {
-			report(Progress{Phase: "delete", Listed: sum.Listed, RecordsRead: sum.RecordsRead, Checked: i + 1, Deleted: sum.Deleted})
+		res[i] = result{restore: restore, done: true, err: err}
+		mu.Lock()
+		if err == nil && restore {
+			restored++
+		} else if err == nil {
+			deleted++
+		}
+		mu.Unlock()
+	}, func() {
+		mu.Lock()
+		p := Progress{Phase: "finish", Restored: restored, Deleted: deleted}
+		mu.Unlock()
+		r.report(p)
+	})
+	for i, x := range res {
+		q := all[i]
+		if !x.done {
+			r.markRunFailed(q.run)
+			continue
+		}
+		if x.err != nil {
+			r.fail(x.err)
+			r.markRunFailed(q.run)
+			if q.run == r.sum.RunID {
+				r.sum.Failed++
+			}
+			continue
+		}
+		own := q.run == r.sum.RunID
+		switch {
+		case x.restore && own:
+			r.sum.Restored++
+			r.sum.RestoredObjects = append(r.sum.RestoredObjects, q.info)
+		case x.restore:
+			r.sum.LeftoverRestored++
+			r.sum.RestoredObjects = append(r.sum.RestoredObjects, q.info)
+		case own:
+			r.sum.Deleted++
+			r.sum.BytesFreed += q.info.Size
+			r.sum.Candidates = append(r.sum.Candidates, q.info)
+		default:
+			r.sum.LeftoverDeleted++
+			r.sum.BytesFreed += q.info.Size
 		}
 	}
-	if sum.Failed > 0 {
-		return sum, fmt.Errorf("gc: %d of %d deletes failed, first: %w", sum.Failed, sum.Failed+sum.Deleted, failed[0])
+	slices.SortFunc(r.sum.Candidates, byPath)
+	slices.SortFunc(r.sum.RestoredObjects, byPath)
+}
+
+// topicIDOf returns the topic's id ("" when the broker has none).
+func topicIDOf(ctx context.Context, adm *kadm.Client, topic string) (string, error) {
+	md, err := adm.Metadata(ctx, topic)
+	if err != nil {
+		return "", fmt.Errorf("gc: topic %s: metadata: %w", topic, err)
 	}
-	return sum, nil
+	td, ok := md.Topics[topic]
+	if !ok || td.Err != nil {
+		if ok && !errors.Is(td.Err, kerr.UnknownTopicOrPartition) {
+			return "", fmt.Errorf("gc: topic %s: metadata: %w", topic, td.Err)
+		}
+		return "", fmt.Errorf("gc: topic %s does not exist", topic)
+	}
+	if td.ID == (kadm.TopicID{}) {
+		return "", nil
+	}
+	return td.ID.String(), nil
+}
+
+// moveKeepsVersion reports whether store's Move keeps the object's Version
+// (and ModTime): a rename in the file store, a map move in the mem store.
+// The cloud stores copy, which gives the copy a new ModTime.
+func moveKeepsVersion(store payloadstore.PayloadStore) bool {
+	switch payloadstore.Unwrap(store).(type) {
+	case *payloadstore.FileStore, *payloadstore.MemStore:
+		return true
+	}
+	return false
 }
 
 // isCompacted reads the topic's cleanup.policy.
@@ -261,216 +929,4 @@ func isCompacted(ctx context.Context, adm *kadm.Client, topic string) (bool, err
 		}
 	}
 	return false, fmt.Errorf("gc: topic %s: the broker did not return cleanup.policy", topic)
-}
-
-// span is the part of one partition to read: [next, end).
-type span struct{ start, end int64 }
-
-// bounds returns each partition's start offset and last stable offset.
-func bounds(ctx context.Context, adm *kadm.Client, topic string) (map[int32]span, error) {
-	starts, err := adm.ListStartOffsets(ctx, topic)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		if errors.Is(err, kerr.UnknownTopicOrPartition) {
-			return nil, fmt.Errorf("gc: topic %s does not exist", topic)
-		}
-		return nil, fmt.Errorf("gc: topic %s: listing start offsets: %w", topic, err)
-	}
-	ends, err := adm.ListCommittedOffsets(ctx, topic)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("gc: topic %s: listing last stable offsets: %w", topic, err)
-	}
-	out := make(map[int32]span)
-	starts.Each(func(lo kadm.ListedOffset) {
-		out[lo.Partition] = span{start: lo.Offset}
-	})
-	var missing error
-	ends.Each(func(lo kadm.ListedOffset) {
-		sp, ok := out[lo.Partition]
-		if !ok {
-			missing = fmt.Errorf("gc: topic %s partition %d: no start offset listed", topic, lo.Partition)
-			return
-		}
-		sp.end = lo.Offset
-		out[lo.Partition] = sp
-	})
-	if missing != nil {
-		return nil, missing
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("gc: topic %s does not exist", topic)
-	}
-	return out, nil
-}
-
-// pkey is a record key within one partition (compaction is per partition).
-type pkey struct {
-	partition int32
-	key       string
-}
-
-// readLive reads every partition of topic from its start to its last stable
-// offset and returns the set of live object names (objectName) and the
-// number of records read.
-//
-// A partition is done once a record (control records included, which is why
-// they are kept) at or past its end-1 is seen. If the record at end-1 is
-// an aborted one whose abort marker lies past the end (transactions
-// interleaved with one still open when the run began), the partition is done
-// only when a later record arrives; if none does within the stall bound, the
-// run fails and deletes nothing.
-func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic string, compacted bool, progress func(int64)) (map[string]struct{}, int64, error) {
-	spans, err := bounds(ctx, adm, topic)
-	if err != nil {
-		return nil, 0, err
-	}
-	live := make(map[string]struct{})
-	latest := make(map[pkey]string) // compacted: the latest value reference per key ("" for none)
-	assign := make(map[int32]kgo.Offset)
-	pending := make(map[int32]int64) // partition -> the next offset expected
-	for p, sp := range spans {
-		if sp.start < sp.end {
-			assign[p] = kgo.NewOffset().At(sp.start)
-			pending[p] = sp.start
-		}
-	}
-	var read int64
-	if len(pending) > 0 {
-		rc, err := kgo.NewClient(append(cl.Opts(),
-			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: assign}),
-			kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-			kgo.KeepControlRecords(),
-			kgo.FetchMaxBytes(fetchMaxBytes),
-			kgo.FetchMaxPartitionBytes(fetchMaxBytes),
-		)...)
-		if err != nil {
-			return nil, 0, fmt.Errorf("gc: kafka client to read topic %s: %w", topic, err)
-		}
-		defer rc.Close()
-		lastProgress := time.Now()
-		for len(pending) > 0 {
-			pctx, cancel := context.WithTimeout(ctx, pollTimeout)
-			fs := rc.PollFetches(pctx)
-			cancel()
-			if err := ctx.Err(); err != nil {
-				return nil, read, err
-			}
-			var ferr error
-			fs.EachError(func(t string, p int32, err error) {
-				if ferr == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-					ferr = fmt.Errorf("gc: fetching topic %s partition %d: %w", t, p, err)
-				}
-			})
-			if ferr != nil {
-				return nil, read, ferr
-			}
-			progressed := false
-			for _, r := range fs.Records() {
-				next, ok := pending[r.Partition]
-				if !ok || r.Offset < next {
-					continue // past the end read, or seen
-				}
-				progressed = true
-				pending[r.Partition] = r.Offset + 1
-				if r.Offset >= spans[r.Partition].end-1 {
-					delete(pending, r.Partition)
-					// Records produced since the run began are not
-					// wanted: stop fetching them.
-					rc.PauseFetchPartitions(map[string][]int32{topic: {r.Partition}})
-				}
-				if r.Offset >= spans[r.Partition].end || r.Attrs.IsControl() {
-					continue
-				}
-				read++
-				if err := addRecord(r, compacted, live, latest); err != nil {
-					return nil, read, err
-				}
-			}
-			if progressed {
-				lastProgress = time.Now()
-				progress(read)
-				continue
-			}
-			if time.Since(lastProgress) >= maxIdlePolls*pollTimeout {
-				p, next := firstPending(pending)
-				return nil, read, fmt.Errorf("gc: reading topic %s stalled at partition %d offset %d (end %d): no progress for %s; nothing deleted",
-					topic, p, next, spans[p].end, time.Duration(maxIdlePolls)*pollTimeout)
-			}
-		}
-	}
-	for _, path := range latest {
-		if path != "" {
-			live[objectName(path)] = struct{}{}
-		}
-	}
-	return live, read, nil
-}
-
-// objectName is the part of a full path that names the object within any
-// store: its last three segments, "<topic>/<shard>/<id>" (docs/FORMAT.md).
-// Live references and listed objects are matched on it rather than on the
-// whole path, so that a reference written through another spelling of the
-// same store's root (a file store mounted at another directory, a bucket
-// reached through another endpoint) still keeps its object. A reference into
-// another store can at worst keep an object with the same name here; it
-// never makes one deletable.
-func objectName(fullPath string) string {
-	i := len(fullPath)
-	for range 3 {
-		j := strings.LastIndexByte(fullPath[:i], '/')
-		if j < 0 {
-			return fullPath
-		}
-		i = j
-	}
-	return fullPath[i+1:]
-}
-
-func firstPending(pending map[int32]int64) (int32, int64) {
-	ps := make([]int32, 0, len(pending))
-	for p := range pending {
-		ps = append(ps, p)
-	}
-	slices.Sort(ps)
-	return ps[0], pending[ps[0]]
-}
-
-// addRecord adds the references of r to live (its key reference, and its
-// value reference unless compacted) or to latest (compacted: the value
-// reference of the latest record per key).
-func addRecord(r *kgo.Record, compacted bool, live map[string]struct{}, latest map[pkey]string) error {
-	if largemessage.IsKeyOffloaded(r) {
-		ref, err := largemessage.DecodeReference(r.Key)
-		if err != nil {
-			return corrupt(r, "key", err)
-		}
-		live[objectName(ref.FullPayloadPath)] = struct{}{}
-	}
-	valuePath := ""
-	if largemessage.IsOffloaded(r) {
-		ref, err := largemessage.DecodeReference(r.Value)
-		if err != nil {
-			return corrupt(r, "value", err)
-		}
-		valuePath = ref.FullPayloadPath
-	}
-	if compacted && r.Key != nil {
-		// A later record of the key replaces this one; a tombstone
-		// (nil value) or an inline value holds no payload.
-		latest[pkey{r.Partition, string(r.Key)}] = valuePath
-		return nil
-	}
-	if valuePath != "" {
-		live[objectName(valuePath)] = struct{}{}
-	}
-	return nil
-}
-
-func corrupt(r *kgo.Record, side string, err error) error {
-	return fmt.Errorf("gc: topic %s partition %d offset %d: %s: %w; nothing deleted", r.Topic, r.Partition, r.Offset, side, err)
 }

@@ -13,35 +13,57 @@ import (
 )
 
 type gcFlags struct {
-	brokers, topic, store string
-	grace                 time.Duration
-	dryRun                bool
+	brokers, topic, store, mode string
+	grace, settle               time.Duration
+	dryRun                      bool
 }
 
 func (a *app) gcCommand() *cobra.Command {
 	var f gcFlags
 	cmd := &cobra.Command{
-		Use:   "gc --brokers HOST:PORT[,...] --topic TOPIC --store URL [--grace DURATION] [--dry-run]",
+		Use:   "gc --brokers HOST:PORT[,...] --topic TOPIC --store URL [--grace DURATION] [--settle DURATION] [--mode auto|full|checkpoint] [--dry-run]",
 		Short: "Delete payloads of a topic that no live record references",
 		Long: `Delete the objects under TOPIC's prefix in the payload store that no live
 record of TOPIC references and that are older than --grace (default 24h).
 
-The store is listed first, then the topic is read from the start of every
-partition to its last stable offset (read_committed: aborted records hold
-nothing). Live records are every record still in the log, or, when the
-topic's cleanup.policy contains compact, the latest record of each key (a key
-whose latest record is a tombstone holds no value payload; an offloaded key
-is kept while any record carrying it is in the log). A record whose
-reference does not decode, or a read that does not complete, stops ferry
-before anything is deleted.
+Deciding. With a full read, the store is listed first, then the topic is
+read from the start of every partition to its last stable offset
+(read_committed: aborted records hold nothing), partitions in parallel. Live
+records are every record still in the log, or, when the topic's
+cleanup.policy contains compact, the latest record of each key (a key whose
+latest record is a tombstone holds no value payload; an offloaded key is
+kept while any record carrying it is in the log). A topic with
+cleanup.policy=delete is not read once retention has passed a checkpoint:
+every run stores one (gc's clock, then the partitions' high watermarks)
+under TOPIC/.ferry-gc/checkpoints, and once every partition's log start
+offset has reached a checkpoint's offsets, an object whose age exceeds
+--grace at the checkpoint's time is garbage; others are kept. --mode auto
+(default) uses a checkpoint when one is usable and reads the topic
+otherwise; full always reads; checkpoint never does.
 
---grace must exceed the longest time between a payload's publish and its
-record's produce (producer retries, transaction.max.timeout.ms): a payload
-not yet referenced looks like garbage. --dry-run deletes nothing and lists
-what would be deleted, one full path per line.
+Removing. Garbage is first moved to TOPIC/.ferry-gc/q/RUN/ (an object
+republished or touched since the listing stays). After --settle (default 2m)
+the records appended since the decision are read (read_uncommitted) and
+every quarantined object one of them references is moved back; the rest is
+deleted. A run that was interrupted leaves its folder; the next run finishes
+it by the same rule. A record whose reference does not decode, or a read
+that does not complete, stops ferry before anything is deleted (after the
+quarantine: everything is moved back).
 
-A summary goes to standard output: objects listed, kept (referenced, newer
-than the grace period), deleted and bytes freed.`,
+--grace must exceed the longest time between a payload's publish (or touch)
+and its record's acknowledgement (producer retries,
+transaction.max.timeout.ms), plus the clock skew between the store and this
+host. --settle must exceed the longest time between a publish (or touch) and
+its record's acknowledgement (delivery.timeout.ms; for a transaction, the
+produce, not the commit). During the settle time a
+consumer resolving a record that races the quarantine gets
+ErrPayloadNotFound until the object is restored. --dry-run moves and deletes
+nothing, stores no checkpoint, and lists what would be deleted, one full
+path per line.
+
+A summary goes to standard output: records read, objects listed, kept
+(referenced, newer than the grace period, not provably garbage, changed),
+restored, deleted and bytes freed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.gc(cmd.Context(), f)
@@ -52,6 +74,8 @@ than the grace period), deleted and bytes freed.`,
 	fl.StringVarP(&f.topic, "topic", "t", "", "topic whose payloads to collect (required)")
 	fl.StringVar(&f.store, "store", "", "payload store `URL` or directory (property "+largemessage.KeyStoreURL+"; required)")
 	fl.DurationVar(&f.grace, "grace", lifecycle.DefaultGrace, "never delete objects newer than this `DURATION`")
+	fl.DurationVar(&f.settle, "settle", lifecycle.DefaultSettle, "keep quarantined objects this `DURATION` before rechecking the appended records")
+	fl.StringVar(&f.mode, "mode", string(lifecycle.ModeAuto), "how garbage is found: auto, full (read the topic) or checkpoint (delete-policy topics; never read the topic)")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "delete nothing; list what would be deleted")
 	return cmd
 }
@@ -62,6 +86,13 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 	}
 	if f.grace < 0 {
 		return usageErrorf("gc: --grace %s: must be 0 or more", f.grace)
+	}
+	if f.settle < 0 {
+		return usageErrorf("gc: --settle %s: must be 0 or more", f.settle)
+	}
+	mode, err := lifecycle.ParseMode(f.mode)
+	if err != nil {
+		return usageErrorf("gc: --mode %s: want auto, full or checkpoint", f.mode)
 	}
 	s, err := a.loadSettings(f.brokers, f.store, true)
 	if err != nil {
@@ -88,7 +119,7 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 		defer bar.Finish()
 	}
 	sum, err := lifecycle.Collect(ctx, cl, store, lifecycle.Options{
-		Topic: f.topic, Grace: f.grace, GraceSet: true, DryRun: f.dryRun,
+		Topic: f.topic, Grace: f.grace, GraceSet: true, Settle: f.settle, SettleSet: true, Mode: mode, DryRun: f.dryRun,
 		Progress: func(p lifecycle.Progress) {
 			if bar == nil {
 				return
@@ -98,8 +129,14 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 				bar.Describe(fmt.Sprintf("gc: %d objects listed", p.Listed))
 			case "read":
 				bar.Describe(fmt.Sprintf("gc: %d objects listed, %d records read", p.Listed, p.RecordsRead))
-			case "delete":
-				bar.Describe(fmt.Sprintf("gc: %d records read, %d objects checked, %d deleted", p.RecordsRead, p.Checked, p.Deleted))
+			case "quarantine":
+				bar.Describe(fmt.Sprintf("gc: %d candidates checked, %d quarantined", p.Checked, p.Quarantined))
+			case "settle":
+				bar.Describe(fmt.Sprintf("gc: %d quarantined, waiting %s", p.Quarantined, f.settle))
+			case "recheck":
+				bar.Describe(fmt.Sprintf("gc: %d quarantined, %d appended records read", p.Quarantined, p.Rechecked))
+			case "finish":
+				bar.Describe(fmt.Sprintf("gc: %d restored, %d deleted", p.Restored, p.Deleted))
 			}
 			bar.Add(1)
 		},
@@ -107,7 +144,7 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 	if bar != nil {
 		bar.Finish()
 	}
-	if err == nil || sum.Deleted > 0 || sum.Failed > 0 { // a failed run that deleted nothing gets no summary
+	if err == nil || sum.Quarantined > 0 || sum.Deleted > 0 || sum.Failed > 0 || sum.LeftoverRuns > 0 { // a failed run that changed nothing gets no summary
 		a.gcSummary(f, sum)
 	}
 	return err
@@ -126,11 +163,39 @@ func (a *app) gcSummary(f gcFlags, sum lifecycle.Summary) {
 	for _, c := range sum.Candidates { // each path, for the audit trail
 		fmt.Fprintf(w, "%s %s (%d bytes)\n", verb, c.FullPath, c.Size)
 	}
-	fmt.Fprintf(w, "topic %s (cleanup.policy=%s): %d records read, %d live references\n", f.topic, policy, sum.RecordsRead, sum.LiveReferences)
-	fmt.Fprintf(w, "objects: %d listed, %d kept referenced, %d kept newer than %s (not checked), %d %s, %d %s",
-		sum.Listed, sum.Referenced, sum.TooNew, f.grace, sum.Deleted, verb, sum.BytesFreed, freed)
+	for _, c := range sum.RestoredObjects {
+		fmt.Fprintf(w, "restored %s (%d bytes): referenced by a record appended during the run\n", c.FullPath, c.Size)
+	}
+	switch {
+	case sum.Mode == lifecycle.ModeCheckpoint && sum.Checkpoint.IsZero():
+		fmt.Fprintf(w, "topic %s (cleanup.policy=%s): mode checkpoint, no checkpoint passed by retention yet: nothing provably garbage\n", f.topic, policy)
+	case sum.Mode == lifecycle.ModeCheckpoint:
+		fmt.Fprintf(w, "topic %s (cleanup.policy=%s): mode checkpoint (retention passed the checkpoint of %s), 0 records read, %d appended records rechecked\n",
+			f.topic, policy, sum.Checkpoint.Format(time.RFC3339), sum.Rechecked)
+	default:
+		fmt.Fprintf(w, "topic %s (cleanup.policy=%s): mode full, %d records read, %d live references, %d appended records rechecked\n",
+			f.topic, policy, sum.RecordsRead, sum.LiveReferences, sum.Rechecked)
+	}
+	fmt.Fprintf(w, "objects: %d listed, %d kept referenced, %d kept newer than %s (not checked)", sum.Listed, sum.Referenced, sum.TooNew, f.grace)
+	if sum.Mode == lifecycle.ModeCheckpoint {
+		fmt.Fprintf(w, ", %d kept not provably garbage", sum.Unproven)
+	}
+	if sum.Changed > 0 {
+		fmt.Fprintf(w, ", %d kept changed during the run", sum.Changed)
+	}
+	if !f.dryRun {
+		fmt.Fprintf(w, ", %d quarantined, %d restored", sum.Quarantined, sum.Restored)
+	}
+	fmt.Fprintf(w, ", %d %s, %d %s", sum.Deleted, verb, sum.BytesFreed, freed)
 	if sum.Failed > 0 {
 		fmt.Fprintf(w, ", %d failed", sum.Failed)
 	}
 	fmt.Fprintln(w)
+	if sum.LeftoverRuns > 0 {
+		if f.dryRun {
+			fmt.Fprintf(w, "quarantine: %d folders of interrupted runs (the next run finishes them)\n", sum.LeftoverRuns)
+		} else {
+			fmt.Fprintf(w, "quarantine: %d folders of interrupted runs finished, %d objects restored, %d deleted\n", sum.LeftoverRuns, sum.LeftoverRestored, sum.LeftoverDeleted)
+		}
+	}
 }
