@@ -231,8 +231,7 @@ type Options struct {
 	// DefaultStoreConcurrency.
 	StoreConcurrency int
 	// DryRun: move and delete nothing and store no checkpoint (the
-	// checkpoints are read, through a temporary copy, when the store
-	// allows it);
+	// checkpoints are read);
 	// Summary.Candidates lists what would be quarantined and deleted.
 	DryRun bool
 	// Now is gc's clock (time.Now when nil): the grace cutoff and the

@@ -7,25 +7,12 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/google/uuid"
-
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
-// tmpIDPrefix starts the id of the short-lived payload objects through which
-// gc writes and reads its own objects (see gcStore). One left behind by a
-// crash is an ordinary orphan: no record references it, and gc collects it.
-const tmpIDPrefix = "ferry-gc-tmp-"
-
 // gcStore reads and writes gc's own small JSON objects (checkpoints,
-// quarantine manifests) under "<topic>/.ferry-gc/", and names the keys of a
-// topic's objects.
-//
-// The stores have no call that writes or reads an arbitrary key: Publish
-// names its object "<topic>/<shard>/<id>" and Download only opens payload
-// keys. So an object is written by publishing it under a temporary payload
-// id and moving it to its key, and read by copying it to a temporary payload
-// key, downloading that and removing it.
+// quarantine manifests) under "<topic>/.ferry-gc/" (ObjectStore.Put and
+// Get), and names the keys of a topic's objects.
 type gcStore struct {
 	ps     payloadstore.PayloadStore
 	ops    payloadstore.ObjectStore
@@ -56,21 +43,16 @@ func (g *gcStore) key(fullPath string) string {
 	return k
 }
 
+// maxGCObject bounds what gc reads of one of its own objects.
+const maxGCObject = 64 << 20
+
 // put stores v as JSON at prefix+rel, replacing what is there.
 func (g *gcStore) put(ctx context.Context, rel string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	p := payloadstore.BytesPayload(b)
-	p.ID = tmpIDPrefix + uuid.NewString()
-	resp, err := g.ps.Publish(ctx, g.topic, p)
-	if err != nil {
-		return fmt.Errorf("gc: writing %s: %w", g.prefix+rel, err)
-	}
-	tmp := g.key(resp.FullPayloadPath)
-	if err := g.ops.Move(ctx, tmp, g.prefix+rel); err != nil {
-		_ = g.ops.Remove(context.WithoutCancel(ctx), tmp)
+	if err := g.ops.Put(ctx, g.prefix+rel, b); err != nil {
 		return fmt.Errorf("gc: writing %s: %w", g.prefix+rel, err)
 	}
 	return nil
@@ -80,18 +62,10 @@ func (g *gcStore) put(ctx context.Context, rel string, v any) error {
 // is none. An object that is not v's JSON is found with an error wrapping
 // errUnreadable.
 func (g *gcStore) get(ctx context.Context, rel string, v any) (found bool, err error) {
-	tmp, err := payloadstore.ObjectKey(g.topic, tmpIDPrefix+uuid.NewString())
-	if err != nil {
-		return false, err
+	b, err := g.ops.Get(ctx, g.prefix+rel, maxGCObject)
+	if errors.Is(err, payloadstore.ErrPayloadNotFound) {
+		return false, nil
 	}
-	if err := g.ops.Copy(ctx, g.prefix+rel, tmp); err != nil {
-		if errors.Is(err, payloadstore.ErrPayloadNotFound) {
-			return false, nil
-		}
-		return false, fmt.Errorf("gc: reading %s: %w", g.prefix+rel, err)
-	}
-	defer g.ops.Remove(context.WithoutCancel(ctx), tmp) //nolint:errcheck // a leftover is an orphan gc collects
-	b, err := payloadstore.DownloadBytes(ctx, g.ps, g.root.Path(tmp))
 	if err != nil {
 		return false, fmt.Errorf("gc: reading %s: %w", g.prefix+rel, err)
 	}

@@ -296,7 +296,7 @@ func (s *BlobStore) Stat(ctx context.Context, key string) (ObjectInfo, error) {
 		return ObjectInfo{}, s.fail("stat", s.root.Path(key), err)
 	}
 	return ObjectInfo{FullPath: s.root.Path(key), Size: a.Size, ModTime: a.ModTime,
-		Version: fmt.Sprintf("%s:%d", a.ETag, a.ModTime.UnixNano())}, nil
+		Version: fmt.Sprintf("%x:%d", a.MD5, a.ModTime.UnixNano())}, nil
 }
 
 // Copy implements ObjectStore with the cloud's server-side copy.
@@ -356,6 +356,30 @@ func (s *BlobStore) Remove(ctx context.Context, key string) error {
 		return s.fail("delete", s.root.Path(key), err)
 	}
 	return nil
+}
+
+// Put implements ObjectStore: one upload, committed only when complete.
+func (s *BlobStore) Put(ctx context.Context, key string, b []byte) error {
+	if err := s.checkKey("put", key); err != nil {
+		return err
+	}
+	if err := s.bucket.WriteAll(ctx, key, b, &blob.WriterOptions{ContentType: "application/json"}); err != nil {
+		return s.fail("put", s.root.Path(key), err)
+	}
+	return nil
+}
+
+// Get implements ObjectStore.
+func (s *BlobStore) Get(ctx context.Context, key string, max int64) ([]byte, error) {
+	if err := s.checkKey("get", key); err != nil {
+		return nil, err
+	}
+	r, err := s.bucket.NewReader(ctx, key, nil)
+	if err != nil {
+		return nil, s.fail("get", s.root.Path(key), err)
+	}
+	defer r.Close()
+	return readAtMost(r, max, "get", s.root.Path(key))
 }
 
 // ListKeys implements ObjectStore.

@@ -367,6 +367,7 @@ func (s *FileStore) Move(_ context.Context, src, dst string) error {
 	if err := os.Rename(from, to); err != nil {
 		return s.opErr("move", src, err)
 	}
+	_ = os.Remove(filepath.Dir(from)) // an emptied folder goes too (fails harmlessly otherwise)
 	return nil
 }
 
@@ -438,4 +439,65 @@ func (s *FileStore) walk(ctx context.Context, top, prefix string, all bool, fn f
 		return &Error{Op: "list", Path: s.root.Path(prefix), Retryable: retryableFSError(err), Err: err}
 	}
 	return nil
+}
+
+// Put implements ObjectStore: a temp file, synced and renamed into place.
+func (s *FileStore) Put(_ context.Context, key string, b []byte) error {
+	name, err := s.name("put", key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+		return s.opErr("put", key, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(name), ".tmp-*")
+	if err != nil {
+		return s.opErr("put", key, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return s.opErr("put", key, err)
+	}
+	if err := tmp.Chmod(objectMode); err != nil {
+		tmp.Close()
+		return s.opErr("put", key, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return s.opErr("put", key, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return s.opErr("put", key, err)
+	}
+	if err := os.Rename(tmp.Name(), name); err != nil {
+		return s.opErr("put", key, err)
+	}
+	return nil
+}
+
+// Get implements ObjectStore.
+func (s *FileStore) Get(_ context.Context, key string, max int64) ([]byte, error) {
+	name, err := s.name("get", key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, s.opErr("get", key, err)
+	}
+	defer f.Close()
+	return readAtMost(f, max, "get", s.root.Path(key))
+}
+
+// readAtMost reads r, failing with ErrObjectTooLarge past max bytes.
+func readAtMost(r io.Reader, max int64, op, path string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, &Error{Op: op, Path: path, Retryable: true, Err: err}
+	}
+	if int64(len(b)) > max {
+		return nil, &Error{Op: op, Path: path, Err: fmt.Errorf("%w: more than %d bytes", ErrObjectTooLarge, max)}
+	}
+	return b, nil
 }

@@ -241,3 +241,28 @@ func (s *MemStore) Remove(_ context.Context, key string) error {
 func (s *MemStore) ListKeys(ctx context.Context, prefix string, fn func(string, ObjectInfo) error) error {
 	return s.list(ctx, prefix, true, fn)
 }
+
+// Put implements ObjectStore.
+func (s *MemStore) Put(_ context.Context, key string, b []byte) error {
+	return s.edit("put", func(objs map[string]memObject) error {
+		objs[key] = memObject{data: bytes.Clone(b), mod: time.Now(), version: memVersion.Add(1)}
+		return nil
+	}, key)
+}
+
+// Get implements ObjectStore.
+func (s *MemStore) Get(ctx context.Context, key string, max int64) ([]byte, error) {
+	var out []byte
+	err := s.edit("get", func(objs map[string]memObject) error {
+		o, ok := objs[key]
+		if !ok {
+			return s.missing("get", key)
+		}
+		if int64(len(o.data)) > max {
+			return &Error{Op: "get", Path: s.root.Path(key), Err: fmt.Errorf("%w: %d bytes > %d", ErrObjectTooLarge, len(o.data), max)}
+		}
+		out = bytes.Clone(o.data)
+		return nil
+	}, key)
+	return out, err
+}

@@ -2,6 +2,7 @@ package payloadstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -35,7 +36,15 @@ type ObjectStore interface {
 	// gc's own folders included, in no particular order; it stops at fn's
 	// first error and returns it.
 	ListKeys(ctx context.Context, prefix string, fn func(key string, o ObjectInfo) error) error
+	// Put writes b at key, replacing it atomically (gc's small objects:
+	// checkpoints, manifests).
+	Put(ctx context.Context, key string, b []byte) error
+	// Get reads the object at key, at most max bytes (more is an error).
+	Get(ctx context.Context, key string, max int64) ([]byte, error)
 }
+
+// ErrObjectTooLarge: Get found an object over its caller's bound.
+var ErrObjectTooLarge = errors.New("object larger than the caller reads")
 
 // Objects returns the ObjectStore of s (through a Wrap), or an *Error when
 // s has none (a store registered from outside this package).

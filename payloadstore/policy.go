@@ -276,3 +276,16 @@ func (w *policyStore) ListKeys(ctx context.Context, prefix string, fn func(strin
 	}
 	return o.ListKeys(ctx, prefix, fn)
 }
+
+func (w *policyStore) Put(ctx context.Context, key string, b []byte) error {
+	return w.do(ctx, func(ctx context.Context, o ObjectStore) error { return o.Put(ctx, key, b) })
+}
+
+func (w *policyStore) Get(ctx context.Context, key string, max int64) ([]byte, error) {
+	var b []byte
+	err := w.do(ctx, func(ctx context.Context, o ObjectStore) (err error) {
+		b, err = o.Get(ctx, key, max)
+		return err
+	})
+	return b, err
+}

@@ -336,6 +336,22 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 		if err := ops.Copy(ctx, copiedKey, q); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 			t.Fatalf("Copy of a missing object: %v, want ErrPayloadNotFound", err)
 		}
+		// Put and Get: gc's own small objects.
+		if err := ops.Put(ctx, gcp+"state.json", []byte(`{"a":1}`)); err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+		if err := ops.Put(ctx, gcp+"state.json", []byte(`{"a":2}`)); err != nil {
+			t.Fatalf("Put again: %v", err)
+		}
+		if b, err := ops.Get(ctx, gcp+"state.json", 100); err != nil || string(b) != `{"a":2}` {
+			t.Fatalf("Get = %q, %v", b, err)
+		}
+		if _, err := ops.Get(ctx, gcp+"state.json", 3); !errors.Is(err, payloadstore.ErrObjectTooLarge) {
+			t.Fatalf("Get over its bound: %v, want ErrObjectTooLarge", err)
+		}
+		if _, err := ops.Get(ctx, gcp+"missing.json", 100); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+			t.Fatalf("Get of a missing object: %v, want ErrPayloadNotFound", err)
+		}
 		for _, bad := range []string{"", "../x", "a//b", "/abs", strings.Repeat("y", 300)} {
 			if err := ops.Touch(ctx, bad); !errors.Is(err, payloadstore.ErrInvalidPath) {
 				t.Errorf("Touch(%q): %v, want ErrInvalidPath", bad, err)
