@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
 )
 
 // bounds returns each partition's span for the full read: from its log
@@ -91,7 +92,9 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 }
 
 // objectName is the part of a full path that names the object within any
-// store: its last three segments, "<topic>/<shard>/<id>" (docs/FORMAT.md).
+// store: its payload key, "<topic>/<shard>/<id>" (or "<topic>/<id>", the
+// layout before shards; payloadstore.PathKey), else its last three segments
+// (docs/FORMAT.md).
 // Live references and listed objects are matched on it rather than on the
 // whole path, so that a reference written through another spelling of the
 // same store's root (a file store mounted at another directory, a bucket
@@ -99,6 +102,12 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 // another store can at worst keep an object with the same name here; it
 // never makes one deletable.
 func objectName(fullPath string) string {
+	if kp, err := payloadstore.PathKey(fullPath); err == nil {
+		if kp.Shard == "" {
+			return kp.Topic + "/" + kp.ID
+		}
+		return kp.Topic + "/" + kp.Shard + "/" + kp.ID
+	}
 	i := len(fullPath)
 	for range 3 {
 		j := strings.LastIndexByte(fullPath[:i], '/')
