@@ -446,10 +446,11 @@ func TestGroups(t *testing.T) {
 
 func TestObjectName(t *testing.T) {
 	for in, want := range map[string]string{
-		"file:///var/ferry/orders/3f/abc":       "orders/3f/abc",
-		"file:///mnt/other/ferry/orders/3f/abc": "orders/3f/abc",
-		"s3://bucket/prefix/orders/3f/abc":      "orders/3f/abc",
-		"s3://bucket/orders/3f/abc":             "orders/3f/abc",
+		"file:///var/ferry/orders/ba/abc":       "orders/ba/abc",
+		"file:///mnt/other/ferry/orders/ba/abc": "orders/ba/abc",
+		"s3://bucket/prefix/orders/ba/abc":      "orders/ba/abc",
+		"s3://bucket/orders/ba/abc":             "orders/ba/abc",
+		"file:///var/ferry/orders/abc":          "orders/abc", // the layout before shards
 		"x/y":                                   "x/y",
 		"":                                      "",
 	} {
