@@ -130,13 +130,16 @@ func decodeBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, err
 		if vl == 0 || n < 0 || int64(vl)+int64(n) > int64(len(src)) {
 			return d.fail(l, held, corrupt("record %d of the batch is truncated", i))
 		}
-		if err := d.recs[i].ReadFrom(src[:vl+int(n)]); err != nil {
-			return d.fail(l, held, corrupt("record %d of the batch: %v", i, err))
-		}
-		if h := len(d.recs[i].Headers); h > 0 {
-			if err := l.charge(ctx, int64(h)*headerStructBytes); err != nil {
+		// Headers are 2 bytes on the wire at least, 40 decoded: charge
+		// them before kmsg allocates them.
+		if h := headerCount(src[:vl+int(n)]); h > 0 {
+			if err := l.charge(ctx, h*headerStructBytes); err != nil {
 				return d.fail(l, held, err)
 			}
+		}
+		// Header keys alias src (no copy): src is never written to.
+		if err := d.recs[i].UnsafeReadFrom(src[:vl+int(n)]); err != nil {
+			return d.fail(l, held, corrupt("record %d of the batch: %v", i, err))
 		}
 		src = src[vl+int(n):]
 	}
@@ -144,6 +147,42 @@ func decodeBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, err
 		return d.fail(l, held, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords))
 	}
 	return d, nil
+}
+
+// recordWireLen is the length of r in a batch's records section, its
+// length varint included.
+func recordWireLen(r *kmsg.Record) int64 {
+	n := 1 + kbin.VarlongLen(r.TimestampDelta64) + kbin.VarintLen(r.OffsetDelta) +
+		varintBytesLen(r.Key) + varintBytesLen(r.Value) + kbin.VarintLen(int32(len(r.Headers)))
+	for _, h := range r.Headers {
+		n += kbin.VarintLen(int32(len(h.Key))) + len(h.Key) + varintBytesLen(h.Value)
+	}
+	return int64(kbin.VarintLen(int32(n)) + n)
+}
+
+func varintBytesLen(b []byte) int {
+	if b == nil {
+		return 1 // -1
+	}
+	return kbin.VarintLen(int32(len(b))) + len(b)
+}
+
+// headerCount reads how many headers a record (its length varint included)
+// says it has, without decoding them; 0 when the record is malformed
+// (ReadFrom then says so).
+func headerCount(rec []byte) int64 {
+	b := kbin.Reader{Src: rec}
+	b.Varint()      // length
+	b.Int8()        // attributes
+	b.Varlong()     // timestamp delta
+	b.Varint()      // offset delta
+	b.VarintBytes() // key
+	b.VarintBytes() // value
+	n := b.Varint() // header count
+	if !b.Ok() || n < 0 || int64(n) > int64(len(b.Src)) { // kbin refuses more without allocating
+		return 0
+	}
+	return int64(n)
 }
 
 // fail gives back what decoding charged and returns err.
@@ -171,37 +210,51 @@ func heldOf(l *ledger) int64 {
 // output is charged to l (it lives until the request is forwarded or the
 // response written); the uncompressed records section is transient.
 func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
-	var recs []byte
+	size := int64(batchHeaderLen)
+	for i := range d.recs {
+		size += recordWireLen(&d.recs[i])
+	}
+	// Charged before the batch is built: it may hold payloads just put
+	// back (large-message on fetch). Uncompressed, the records are written
+	// in place after the header's room; compressed, into a buffer that the
+	// compressed output then replaces.
+	if err := l.charge(ctx, size); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, batchHeaderLen, size)
 	var tmp []byte
 	for i := range d.recs {
 		r := &d.recs[i]
 		r.Length = 0
 		tmp = r.AppendTo(tmp[:0]) // a 1-byte zero length, then the body
 		r.Length = int32(len(tmp) - 1)
-		recs = kbin.AppendVarint(recs, r.Length)
-		recs = append(recs, tmp[1:]...)
+		buf = kbin.AppendVarint(buf, r.Length)
+		buf = append(buf, tmp[1:]...)
 	}
-	if err := l.charge(ctx, int64(len(recs))); err != nil {
-		return nil, err
-	}
+	recs := buf[batchHeaderLen:]
 	codec := d.hdr.Attributes & attrCodecMask
 	if codec != 0 {
-		out, err := compress(kgo.CompressionCodecType(codec), recs)
-		l.give(int64(len(recs))) // the uncompressed section is garbage now
+		comp, err := compress(kgo.CompressionCodecType(codec), recs)
 		if err != nil {
+			l.give(size)
 			return nil, err
 		}
-		if err := l.charge(ctx, int64(len(out))); err != nil {
+		if err := l.charge(ctx, int64(batchHeaderLen+len(comp))); err != nil {
+			l.give(size)
 			return nil, err
 		}
-		recs = out
+		l.give(size) // the uncompressed section is garbage once copied
+		buf = append(make([]byte, batchHeaderLen, batchHeaderLen+len(comp)), comp...)
+		recs = buf[batchHeaderLen:]
 	}
 	h := d.hdr
 	h.Records = recs
 	h.NumRecords = int32(len(d.recs))
 	h.Length = int32(batchHeaderLen - lengthOffset - 4 + len(recs))
 	h.CRC = 0
-	out := h.AppendTo(make([]byte, 0, batchHeaderLen+len(recs)))
+	// The header is written over the room left for it; the records, at
+	// the same place, are "appended" onto themselves.
+	out := h.AppendTo(buf[:0])
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
 	return out, nil
 }

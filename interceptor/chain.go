@@ -196,10 +196,13 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 	}()
 	got := false
 	defer func() {
-		if !got { // abandoned: give its memory back when it ends
+		if !got { // abandoned: give its memory back, undo its work, when it ends
 			go func() {
 				if r := <-done; r.f == nil {
 					led.release()
+					if a, ok := r.v.(interface{ abandon(context.Context) }); ok {
+						a.abandon(context.WithoutCancel(ctx))
+					}
 				}
 			}()
 		}
@@ -300,9 +303,9 @@ func apply(r *Record, kr *kmsg.Record) bool {
 // sameBytes compares with Kafka's null distinct from empty.
 func sameBytes(a, b []byte) bool { return (a == nil) == (b == nil) && bytes.Equal(a, b) }
 
-func batchInfo(h *kmsg.RecordBatch, maxBytes int32) BatchInfo {
+func batchInfo(h *kmsg.RecordBatch, lim TopicLimit) BatchInfo {
 	return BatchInfo{Compression: codecName(h.Attributes), ProducerID: h.ProducerID, ProducerEpoch: h.ProducerEpoch,
-		Transactional: h.Attributes&attrTransactional != 0, MaxMessageBytes: maxBytes}
+		Transactional: h.Attributes&attrTransactional != 0, MaxMessageBytes: lim.MaxMessageBytes, TopicCompression: lim.Compression}
 }
 
 // bySize orders record indexes by encoded size, largest first.

@@ -263,8 +263,13 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 		}
 		rest = next
 		// Batches of aborted transactions (read_committed: the response
-		// lists them) pass untouched, as consumers drop them: their
-		// payloads may be gone (ferry gc keeps committed data only).
+		// lists them) go through the interceptors too, since a client can
+		// ignore the aborted list and read them (a redact on fetch must
+		// hold for them), but leniently: their records are marked Aborted
+		// (large-message leaves them unresolved: their payloads may be
+		// gone, ferry gc keeps committed data only), and a record an
+		// interceptor fails is left out instead of failing the partition.
+		inAborted := false
 		if len(raw) >= batchHeaderLen && raw[magicOffset] == 2 {
 			first := int64(binary.BigEndian.Uint64(raw))
 			last := first + int64(int32(binary.BigEndian.Uint32(raw[23:])))
@@ -274,10 +279,8 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 				aborting[aborted[0].ProducerID] = true
 				aborted = aborted[1:]
 			}
-			if attrs&attrTransactional != 0 && aborting[pid] || attrs&attrControl != 0 {
-				if attrs&attrControl != 0 {
-					delete(aborting, pid) // a marker ends the transaction
-				}
+			if attrs&attrControl != 0 {
+				delete(aborting, pid) // a marker ends the transaction
 				if !room(int64(len(raw))) && !(fp.firstOK && len(r.out) == 0) {
 					r.changed, r.cut = true, true
 					break
@@ -285,8 +288,9 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 				r.out = append(r.out, raw...)
 				continue
 			}
+			inAborted = attrs&attrTransactional != 0 && aborting[pid]
 		}
-		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, int64(len(r.out)), room)
+		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, int64(len(r.out)), room, inAborted)
 		if err != nil {
 			r.out = append(r.out, nb...) // the records before the failing one, if any
 			r.changed, r.code, r.err = true, codeOf(err, kerr.KafkaStorageError.Code), err
@@ -318,7 +322,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 // when nothing changed and nil when no record is left (cut, or all before
 // the fetch offset).
 func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetchPart, raw []byte, emitted int64,
-	room func(int64) bool) (out []byte, cut bool, err error) {
+	room func(int64) bool, aborted bool) (out []byte, cut bool, err error) {
 	d, err := decodeBatch(ctx, led, raw)
 	if err != nil {
 		var eb *errBatch
@@ -331,7 +335,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	if d.hdr.Attributes&attrControl != 0 {
 		return raw, false, nil
 	}
-	info := batchInfo(&d.hdr, 0)
+	info := batchInfo(&d.hdr, TopicLimit{})
 	dirty := false
 	var failed error // an interceptor's error after some records were kept
 	keep := d.recs[:0:0]
@@ -345,7 +349,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			continue
 		}
 		r := toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
-		r.led = led
+		r.led, r.Aborted = led, aborted
 		n := int64(encodedLen(kr))
 		known := len(fp.sizers) > 0 // without a FetchSizer, measured after
 		for _, s := range fp.sizers {
@@ -366,7 +370,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			if err == nil {
 				continue
 			}
-			if errors.Is(err, ErrSkipRecord) {
+			if errors.Is(err, ErrSkipRecord) || aborted {
 				skip = true
 				break
 			}

@@ -113,15 +113,15 @@ func newCluster(t *testing.T, topics map[string]map[string]*string) *cluster {
 		}
 		pr := req.(*kmsg.ProduceRequest)
 		orig := cloneProduce(pr)
-		out := chain.InterceptProduce(context.Background(), pr, func(names []string) map[string]int32 {
-			m := map[string]int32{}
+		out := chain.InterceptProduce(context.Background(), pr, func(names []string) map[string]TopicLimit {
+			m := map[string]TopicLimit{}
 			for _, topic := range names {
 				if v := topics[topic]["max.message.bytes"]; v != nil {
 					var n int32
 					for _, c := range *v {
 						n = n*10 + int32(c-'0')
 					}
-					m[topic] = n
+					m[topic] = TopicLimit{MaxMessageBytes: n, Compression: derefOr(topics[topic]["compression.type"])}
 				}
 			}
 			return m
@@ -254,12 +254,19 @@ func checkBatches(t *testing.T, b []byte) []kmsg.RecordBatch {
 var errTest = errors.New("test failure")
 
 // allTopics is a limits callback giving every topic max.message.bytes n.
-func allTopics(n int32) func([]string) map[string]int32 {
-	return func(topics []string) map[string]int32 {
-		m := map[string]int32{}
+func allTopics(n int32) func([]string) map[string]TopicLimit {
+	return func(topics []string) map[string]TopicLimit {
+		m := map[string]TopicLimit{}
 		for _, t := range topics {
-			m[t] = n
+			m[t] = TopicLimit{MaxMessageBytes: n}
 		}
 		return m
 	}
+}
+
+func derefOr(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -49,6 +49,12 @@ type Record struct {
 	Offset int64
 	// Batch describes the record batch the record came in.
 	Batch BatchInfo
+	// Aborted: on fetch, the record belongs to a transaction the response
+	// lists as aborted. read_committed consumers drop it, but a client can
+	// ignore the list, so an interceptor that protects data must process
+	// it too; one that only serves consumers (large-message) may leave it
+	// as it is. An error on such a record drops it.
+	Aborted bool
 
 	deferred []namedDeferred // work to do once the batch is accepted (produce)
 	led      *ledger         // the worker's memory ledger (Reserve)
@@ -101,6 +107,9 @@ type BatchInfo struct {
 	// MaxMessageBytes is the topic's max.message.bytes on produce (0 when
 	// unknown, and always 0 on fetch).
 	MaxMessageBytes int32
+	// TopicCompression is the topic's compression.type on produce ("" when
+	// unknown): the broker re-encodes batches of another codec.
+	TopicCompression string
 }
 
 // ProduceRequestInterceptor processes records of produce requests before

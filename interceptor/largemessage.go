@@ -48,7 +48,7 @@ func NewLargeMessage(store payloadstore.PayloadStore, cfg largemessage.Config, p
 		sers: map[string]*largemessage.Serializer{},
 		de:   cfg.NewDeserializer(store)}
 	for _, c := range codecNames {
-		l.sers[c] = largemessage.NewSerializer(store, largemessage.Codec{Type: c}).WithCopyTopics(cfg.CopyTopics)
+		l.sers[c] = largemessage.NewSerializer(store, largemessage.Codec{Type: c}).WithCopyTopics(cfg.CopyTopics).WithVerifiedReferences()
 	}
 	return l
 }
@@ -95,7 +95,9 @@ func (l *LargeMessage) TopicPattern() *regexp.Regexp { return l.pattern }
 // the derived one), capped so a record offloaded or not fits
 // max.message.bytes with the batch overhead.
 func (l *LargeMessage) limits(r *Record) largemessage.Limits {
-	return largemessage.DeriveLimits(l.threshold, int64(r.Batch.MaxMessageBytes), 0)
+	lim := largemessage.DeriveLimits(l.threshold, int64(r.Batch.MaxMessageBytes), 0)
+	lim.TopicCompression = r.Batch.TopicCompression
+	return lim
 }
 
 func (l *LargeMessage) serializer(r *Record) *largemessage.Serializer {
@@ -186,6 +188,9 @@ func (f fetchSide) TopicPattern() *regexp.Regexp { return f.l.pattern }
 // read from the record's size header (the digest check stops a download
 // that passes it), less the reference it replaces.
 func (f fetchSide) GrowsBy(r *Record) (int64, bool) {
+	if r.Aborted {
+		return 0, true
+	}
 	kr := toKgo(r)
 	return largemessage.ResolvedGrowth(&kr)
 }
@@ -198,16 +203,29 @@ func (f fetchSide) GrowsBy(r *Record) (int64, bool) {
 // KAFKA_STORAGE_ERROR.
 func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
 	kr := toKgo(r)
-	if !largemessage.IsOffloaded(&kr) && !largemessage.IsKeyOffloaded(&kr) {
-		return nil
+	if r.Aborted || !largemessage.IsOffloaded(&kr) && !largemessage.IsKeyOffloaded(&kr) {
+		return nil // an aborted record is dropped by consumers: not resolved
 	}
-	if n, ok := largemessage.ResolvedGrowth(&kr); ok {
-		if err := r.Reserve(ctx, n); err != nil {
+	n, ok := largemessage.ResolvedGrowth(&kr)
+	if !ok {
+		// A reference without size headers (a KIP-only producer): the
+		// objects' stored sizes bound what is read.
+		var err error
+		if n, err = largemessage.PayloadSizes(ctx, f.l.store, &kr); err != nil {
+			// The Deserializer's own error names the record; with a
+			// bound of 0 it reads nothing.
+			kr.Offset = r.Offset
+			if rerr := f.l.de.ResolveBounded(ctx, &kr, 0); rerr != nil {
+				return rerr
+			}
 			return err
 		}
 	}
+	if err := r.Reserve(ctx, n); err != nil {
+		return err
+	}
 	kr.Offset = r.Offset
-	err := f.l.de.Resolve(ctx, &kr)
+	err := f.l.de.ResolveBounded(ctx, &kr, n)
 	var re *largemessage.RecordError
 	if err != nil && !(errors.As(err, &re) && re.Skipped) {
 		return err

@@ -76,6 +76,18 @@ func (m *Memory) Take(ctx context.Context, n int64) error {
 	return l.charge(ctx, n)
 }
 
+// TryTake is Take without waiting: false when the budget has no room now.
+func (m *Memory) TryTake(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if !m.sem.TryAcquire(n) {
+		return false
+	}
+	m.inUse.Add(n)
+	return true
+}
+
 // Give returns n bytes Take took.
 func (m *Memory) Give(n int64) {
 	l := ledger{mem: m, held: n}
@@ -180,30 +192,40 @@ type budgetWriter struct {
 }
 
 func (w *budgetWriter) Write(p []byte) (int, error) {
-	if w.err != nil {
-		return 0, w.err
-	}
-	if int64(len(w.buf))+int64(len(p)) > w.max {
-		w.err = ErrDecompressedTooLarge
-		return 0, w.err
-	}
-	if need := int64(len(w.buf) + len(p)); need > int64(cap(w.buf)) {
-		// Doubling (at least chargeStep), never past max: the buffer is
-		// copied O(log n) times. The new buffer is charged before it is
-		// made and the old one given back after the copy, so the budget
-		// holds the real peak (both, for a moment).
-		size := max(need, min(max(chargeStep, 2*int64(cap(w.buf))), w.max))
-		if err := w.l.charge(w.ctx, size); err != nil {
-			w.err = err
-			return 0, err
-		}
-		nb := make([]byte, len(w.buf), size)
-		copy(nb, w.buf)
-		w.l.give(w.charged)
-		w.buf, w.charged = nb, size
+	if err := w.reserve(len(p)); err != nil {
+		return 0, err
 	}
 	w.buf = append(w.buf, p...)
 	return len(p), nil
+}
+
+// reserve makes room for n more bytes in w.buf, charging its growth: the
+// new buffer is charged before it is made and the old one given back after
+// the copy, so the budget holds the real peak (both, for a moment).
+// Growth doubles (at least chargeStep) and never passes max, so the buffer
+// is copied O(log n) times.
+func (w *budgetWriter) reserve(n int) error {
+	if w.err != nil {
+		return w.err
+	}
+	need := int64(len(w.buf)) + int64(n)
+	if need > w.max {
+		w.err = ErrDecompressedTooLarge
+		return w.err
+	}
+	if need <= int64(cap(w.buf)) {
+		return nil
+	}
+	size := max(need, min(max(chargeStep, 2*int64(cap(w.buf))), w.max))
+	if err := w.l.charge(w.ctx, size); err != nil {
+		w.err = err
+		return err
+	}
+	nb := make([]byte, len(w.buf), size)
+	copy(nb, w.buf)
+	w.l.give(w.charged)
+	w.buf, w.charged = nb, size
+	return nil
 }
 
 // decoderBytes is what a decoder in use holds, by codec, charged while it
@@ -294,15 +316,21 @@ func unsnappy(w *budgetWriter, src []byte) error {
 		if err != nil {
 			return err
 		}
-		if int64(len(w.buf))+int64(n) > w.max {
-			return ErrDecompressedTooLarge
+		// Room (charged) first, then decode into it: s2 writes into dst
+		// when dst is long enough.
+		if err := w.reserve(n); err != nil {
+			return err
 		}
-		out, err := s2.Decode(nil, b)
+		at := len(w.buf)
+		out, err := s2.Decode(w.buf[at:at+n], b)
 		if err != nil {
 			return err
 		}
-		_, err = w.Write(out)
-		return err
+		if len(out) != n || (n > 0 && &out[0] != &w.buf[at:at+n][0]) {
+			return errors.New("snappy: decoded length differs from the block's header")
+		}
+		w.buf = w.buf[:at+n]
+		return nil
 	}
 	if len(src) < 16 || !bytes.HasPrefix(src, xerialMagic) {
 		return block(src)

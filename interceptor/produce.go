@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/largemessage"
 )
 
 // ProducePartitionResult is a partition the proxy must answer itself: it was
@@ -91,7 +93,7 @@ const maxParallelPartitions = 8
 // Release once the request is encoded. The request's buffer must stay
 // unchanged until InterceptProduce returns: timed-out calls that are still
 // running only read it and their results are discarded.
-func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(topics []string) map[string]int32) ProduceOutcome {
+func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(topics []string) map[string]TopicLimit) ProduceOutcome {
 	out := ProduceOutcome{committed: map[FetchPartition][]Deferred{}, led: c.ledger(nil)}
 	if len(c.produce) == 0 {
 		out.Forward = len(req.Topics) > 0
@@ -118,9 +120,9 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			matching = append(matching, name)
 		}
 	}
-	var maxBytes map[string]int32
+	var lims map[string]TopicLimit
 	if limits != nil && len(matching) > 0 {
-		maxBytes = limits(matching)
+		lims = limits(matching)
 	}
 	// Partitions are processed concurrently (at most maxParallelPartitions
 	// at a time), each within its own time budget: a request of many
@@ -133,7 +135,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		if len(procs[ti]) == 0 {
 			continue
 		}
-		name, ps, shr, mb := names[ti], procs[ti], shrinkers[ti], maxBytes[names[ti]]
+		name, ps, shr, lim := names[ti], procs[ti], shrinkers[ti], lims[names[ti]]
 		results[ti] = make([]result, len(t.Partitions))
 		for pi, p := range t.Partitions {
 			wg.Add(1)
@@ -143,7 +145,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 				defer func() { <-sem }()
 				led := c.ledger(bnds)
 				v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
-					return c.producePartition(ctx, w, led, name, p.Partition, p.Records, ps, shr, mb)
+					return c.producePartition(ctx, w, led, name, p.Partition, p.Records, ps, shr, lim)
 				})
 				pr, _ := v.(*partitionResult)
 				results[ti][pi] = result{pr, f}
@@ -205,6 +207,48 @@ type partitionResult struct {
 	led       *ledger // holds the rewritten batches' memory
 }
 
+// TopicLimit is what the chain checks a produce batch of a topic against:
+// its max.message.bytes (0: unknown, no check) and compression.type
+// ("producer" or "": the broker keeps batches as sent; a codec or
+// "uncompressed": it re-encodes the others, which can make them larger).
+type TopicLimit struct {
+	MaxMessageBytes int32
+	Compression     string
+}
+
+func (l TopicLimit) over(stored int64) bool {
+	return l.MaxMessageBytes > 0 && stored > int64(l.MaxMessageBytes)
+}
+
+func (l TopicLimit) compression() string {
+	if l.Compression == "" {
+		return "producer"
+	}
+	return l.Compression
+}
+
+// stored is an upper bound of bw as the broker stores it under lim (see
+// largemessage.StoredBatchSize).
+func (bw *batchWork) stored(lim TopicLimit) int64 {
+	sent := int64(len(bw.enc))
+	if lim.Compression == "" || lim.Compression == "producer" || bw.d == nil {
+		return sent
+	}
+	u := int64(0)
+	for i := range bw.d.recs {
+		u += recordWireLen(&bw.d.recs[i])
+	}
+	return largemessage.StoredBatchSize(lim.Compression, bw.info.Compression, sent, u)
+}
+
+// abandon undoes the committed work of a partition whose result came too
+// late to be forwarded (the time budget ran out, the client went away).
+func (r *partitionResult) abandon(ctx context.Context) {
+	for _, d := range r.committed {
+		d.Abort(ctx)
+	}
+}
+
 // batchWork is one batch of a partition between planning and committing.
 type batchWork struct {
 	d        *decodedBatch
@@ -218,7 +262,7 @@ type batchWork struct {
 // work of all of them is committed (and checked again when a commit changed
 // a record). Any failure undoes what was committed.
 func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, records []byte,
-	ps []proc, shrinkers []BatchShrinker, maxBytes int32) (any, *failure) {
+	ps []proc, shrinkers []BatchShrinker, lim TopicLimit) (any, *failure) {
 	where := func(f *failure) (any, *failure) {
 		f.msg = fmt.Sprintf("topic %s partition %d: %s", topic, partition, f.msg)
 		return nil, f
@@ -237,7 +281,7 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 			return where(fail(kerr.CorruptMessage.Code, fmt.Errorf("truncated record batch (%d bytes left)", len(rest))))
 		}
 		rest = next
-		bw, f := c.produceBatch(ctx, w, led, topic, partition, raw, ps, shrinkers, maxBytes)
+		bw, f := c.produceBatch(ctx, w, led, topic, partition, raw, ps, shrinkers, lim)
 		if f != nil {
 			return where(f)
 		}
@@ -253,7 +297,7 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 	if len(works) == 0 {
 		return nil, &failure{code: 0, msg: "every record was skipped by an interceptor"}
 	}
-	committed, reencoded, f := c.commitPartition(ctx, w, led, topic, partition, works, maxBytes)
+	committed, reencoded, f := c.commitPartition(ctx, w, led, topic, partition, works, lim)
 	if f != nil {
 		return where(f)
 	}
@@ -271,7 +315,7 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 // commitPartition commits the deferred work of works, in order; a commit
 // that changed its record gets the batch re-encoded and checked again.
 // On failure everything committed is aborted.
-func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, works []*batchWork, maxBytes int32) (done []Deferred, reencoded bool, _ *failure) {
+func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, works []*batchWork, lim TopicLimit) (done []Deferred, reencoded bool, _ *failure) {
 	abort := func(f *failure) ([]Deferred, bool, *failure) {
 		for _, d := range done {
 			d.Abort(ctx)
@@ -308,10 +352,10 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 		if err != nil {
 			return abort(fail(kerr.UnknownServerError.Code, err))
 		}
-		if maxBytes > 0 && len(enc) > int(maxBytes) {
-			return abort(fail(kerr.MessageTooLarge.Code, fmt.Errorf("the record batch is %d bytes after the payload store's answers, over the topic's max.message.bytes %d", len(enc), maxBytes)))
-		}
 		bw.enc, reencoded = enc, true
+		if n := bw.stored(lim); lim.over(n) {
+			return abort(fail(kerr.MessageTooLarge.Code, fmt.Errorf("the record batch is %d bytes as the broker stores it after the payload store's answers, over the topic's max.message.bytes %d", n, lim.MaxMessageBytes)))
+		}
 	}
 	return done, reencoded, nil
 }
@@ -335,7 +379,7 @@ func batchFailure(err error) *failure {
 // and checks its size. It returns nil when every record was skipped; the
 // batch's encoding is raw when nothing changed.
 func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic string, partition int32, raw []byte,
-	ps []proc, shrinkers []BatchShrinker, maxBytes int32) (bw *batchWork, f *failure) {
+	ps []proc, shrinkers []BatchShrinker, lim TopicLimit) (bw *batchWork, f *failure) {
 	d, err := decodeBatch(ctx, led, raw)
 	if err != nil {
 		return nil, batchFailure(err)
@@ -348,7 +392,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			d.done(led)
 		}
 	}()
-	bw = &batchWork{d: d, raw: raw, info: batchInfo(&d.hdr, maxBytes), deferred: map[int][]namedDeferred{}}
+	bw = &batchWork{d: d, raw: raw, info: batchInfo(&d.hdr, lim), deferred: map[int][]namedDeferred{}}
 	dirty, skipped := false, false
 	keep := d.recs[:0:0]
 	for i := range d.recs {
@@ -400,14 +444,14 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			return nil, batchFailure(err)
 		}
 	}
-	if maxBytes > 0 && len(bw.enc) > int(maxBytes) && len(shrinkers) > 0 {
-		if err := c.shrink(ctx, w, led, topic, partition, bw, shrinkers, maxBytes); err != nil {
+	if lim.over(bw.stored(lim)) && len(shrinkers) > 0 {
+		if err := c.shrink(ctx, w, led, topic, partition, bw, shrinkers, lim); err != nil {
 			return nil, &failure{code: codeOf(err, kerr.InvalidRecord.Code), msg: err.Error(), err: err}
 		}
 	}
-	if maxBytes > 0 && len(bw.enc) > int(maxBytes) {
-		err := fmt.Errorf("the record batch is %d bytes (%s, %d records) after interceptors, over the topic's max.message.bytes %d; nothing was published",
-			len(bw.enc), bw.info.Compression, len(d.recs), maxBytes)
+	if n := bw.stored(lim); lim.over(n) {
+		err := fmt.Errorf("the record batch is %d bytes (%s, %d records; as the broker stores it, topic compression.type %s) after interceptors, over the topic's max.message.bytes %d; nothing was published",
+			n, bw.info.Compression, len(d.recs), lim.compression(), lim.MaxMessageBytes)
 		return nil, fail(kerr.MessageTooLarge.Code, err)
 	}
 	return bw, nil
@@ -450,7 +494,7 @@ func encodedLen(r *kmsg.Record) int {
 // nothing is published for it). Records that already have deferred work
 // are left alone. Each round is measured exactly by encoding the batch.
 func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string, partition int32, bw *batchWork,
-	shrinkers []BatchShrinker, maxBytes int32) error {
+	shrinkers []BatchShrinker, lim TopicLimit) error {
 	d := bw.d
 	idx := make([]int, 0, len(d.recs))
 	for i := range d.recs {
@@ -460,8 +504,8 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 	}
 	bySize(d.recs, idx)
 	next := 0
-	for len(bw.enc) > int(maxBytes) && next < len(idx) {
-		over := len(bw.enc) - int(maxBytes)
+	for lim.over(bw.stored(lim)) && next < len(idx) {
+		over := int(bw.stored(lim) - int64(lim.MaxMessageBytes))
 		freed := 0
 		for next < len(idx) && freed < over {
 			i := idx[next]
@@ -482,7 +526,7 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 					return err
 				}}, i, &r)
 				if err != nil {
-					return fmt.Errorf("making record %d smaller to fit max.message.bytes %d: %w", i, maxBytes, err)
+					return fmt.Errorf("making record %d smaller to fit max.message.bytes %d: %w", i, lim.MaxMessageBytes, err)
 				}
 				if did {
 					break
@@ -564,6 +608,7 @@ var notAppended = map[int16]bool{
 	kerr.InvalidProducerIDMapping.Code: true, kerr.UnknownProducerID.Code: true, kerr.FencedLeaderEpoch.Code: true,
 	kerr.UnknownLeaderEpoch.Code: true, kerr.UnknownTopicID.Code: true, kerr.InvalidTopicException.Code: true,
 	kerr.KafkaStorageError.Code: true, kerr.TransactionAbortable.Code: true,
+	kerr.IllegalSaslState.Code: true, kerr.SaslAuthenticationFailed.Code: true,
 }
 
 // Refused undoes the deferred work of the partitions of resp that the
@@ -589,6 +634,17 @@ func (o ProduceOutcome) Refused(ctx context.Context, resp *kmsg.ProduceResponse)
 		}
 	}
 	return n
+}
+
+// AbortAll undoes the deferred work of every forwarded partition: the
+// request never reached the broker (its client went away).
+func (o ProduceOutcome) AbortAll(ctx context.Context) {
+	for k, ds := range o.committed {
+		for _, d := range ds {
+			d.Abort(ctx)
+		}
+		delete(o.committed, k)
+	}
 }
 
 // Response is the whole answer to req when nothing was forwarded (Forward

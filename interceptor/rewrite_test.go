@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -291,7 +292,7 @@ func TestTransactionalBatches(t *testing.T) {
 	}
 	var seen []string
 	fc := NewChain([]Instance{{Fetch: icpt(t, "lower", "t", func(_ context.Context, r *Record) error {
-		seen = append(seen, string(r.Value))
+		seen = append(seen, fmt.Sprintf("%s aborted=%v", r.Value, r.Aborted))
 		r.Value = bytes.ToLower(r.Value)
 		return nil
 	})}}, Options{TopicName: cl.names})
@@ -299,8 +300,9 @@ func TestTransactionalBatches(t *testing.T) {
 	if len(out.Failed) != 0 || out.Rewritten != 1 {
 		t.Fatalf("fetch outcome %+v", out)
 	}
-	// read_committed: the aborted transaction's batch is not intercepted.
-	if len(resp.Topics[0].Partitions[0].AbortedTransactions) != 1 || len(seen) != 1 || seen[0] != "COMMIT=TRUE" {
+	// The aborted transaction's batch goes through the interceptors too
+	// (a client may ignore the aborted list), its records marked Aborted.
+	if len(resp.Topics[0].Partitions[0].AbortedTransactions) != 1 || !slices.Equal(seen, []string{"COMMIT=FALSE aborted=true", "COMMIT=TRUE aborted=false"}) {
 		t.Fatalf("fetch interceptor saw %q (aborted %v)", seen, resp.Topics[0].Partitions[0].AbortedTransactions)
 	}
 	for _, cb := range controls {

@@ -93,16 +93,26 @@ func (d *Deserializer) WithResolveTopics(re *regexp.Regexp) *Deserializer {
 // side to nil (the other side still resolves) and returns a *RecordError
 // with Skipped set; any other error leaves rec unchanged.
 func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
-	return d.resolve(ctx, rec, keySide, valueSide)
+	return d.resolve(ctx, rec, -1, keySide, valueSide)
+}
+
+// ResolveBounded is Resolve reading at most maxBytes of payload for a side
+// without a size header (a KIP-only producer's reference); more fails with
+// a *RecordError wrapping ErrSizeMismatch. Sides with a size header are
+// bounded by it already.
+func (d *Deserializer) ResolveBounded(ctx context.Context, rec *kgo.Record, maxBytes int64) error {
+	return d.resolve(ctx, rec, maxBytes, keySide, valueSide)
 }
 
 // ResolveKey is Resolve for the key alone: the value stays as fetched, for
 // a consumer that streams it with OpenValue.
 func (d *Deserializer) ResolveKey(ctx context.Context, rec *kgo.Record) error {
-	return d.resolve(ctx, rec, keySide)
+	return d.resolve(ctx, rec, -1, keySide)
 }
 
-func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, sides ...side) error {
+// resolve resolves sides of rec; maxBytes (>= 0) bounds a side without a
+// size header.
+func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, maxBytes int64, sides ...side) error {
 	// All sides are read before rec changes, so that an error leaves rec
 	// as it was and a skipped side does not stop the other from resolving.
 	var (
@@ -120,6 +130,12 @@ func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, sides ...si
 		}
 		var buf bytes.Buffer
 		rc, size, err := d.open(ctx, rec, sd, refBytes)
+		if err == nil && size < 0 && maxBytes >= 0 {
+			rc = &boundedReader{rc: rc, left: maxBytes, fail: func() error {
+				ref, _ := DecodeReference(refBytes)
+				return d.recordErr(rec, sd, ref.FullPayloadPath, fmt.Errorf("%w: more than the %d bytes allowed for a reference without a size header", ErrSizeMismatch, maxBytes))
+			}}
+		}
 		if err == nil {
 			if size > 0 {
 				// The header is untrusted: bound what it makes us allocate
@@ -288,4 +304,61 @@ func ResolvedGrowth(rec *kgo.Record) (n int64, ok bool) {
 		n += size - int64(len(ref))
 	}
 	return n, true
+}
+
+// boundedReader fails once more than left bytes are read.
+type boundedReader struct {
+	rc   io.ReadCloser
+	left int64
+	fail func() error
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.rc.Read(p)
+	if int64(n) > b.left {
+		return 0, b.fail()
+	}
+	b.left -= int64(n)
+	return n, err
+}
+
+func (b *boundedReader) Close() error { return b.rc.Close() }
+
+// PayloadSizes returns the stored size of the objects rec's references
+// name (key and value together), read from the store (ObjectStore.Stat):
+// for references without size headers, whose growth ResolvedGrowth cannot
+// tell. Errors: a reference that does not decode or lies outside the
+// store, or the store's.
+func PayloadSizes(ctx context.Context, store payloadstore.PayloadStore, rec *kgo.Record) (int64, error) {
+	ops, err := payloadstore.Objects(store)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, sd := range []side{keySide, valueSide} {
+		if !marked(rec.Headers, sd.marker) {
+			continue
+		}
+		b := rec.Value
+		if sd == keySide {
+			b = rec.Key
+		}
+		ref, err := DecodeReference(b)
+		if err != nil {
+			return 0, err
+		}
+		key, err := ops.Root().Key(ref.FullPayloadPath)
+		if err != nil {
+			return 0, err
+		}
+		oi, err := ops.Stat(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		n += oi.Size
+	}
+	return n, nil
 }

@@ -2,8 +2,10 @@ package largemessage
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"slices"
 
@@ -25,6 +27,40 @@ type Serializer struct {
 	noKey, noValue bool
 	// copyTopics: large.message.reference.copy.topics (nil: none).
 	copyTopics *regexp.Regexp
+	// verifyRefs: a reference a record arrives with gets its size and
+	// digest headers from the object itself (WithVerifiedReferences).
+	verifyRefs bool
+}
+
+// WithVerifiedReferences makes Adopt read every object a record arrives
+// referencing and write the record's size and SHA-256 headers from what it
+// read, dropping custom metadata headers (KIP-917 metadata comes from the
+// store at publish time only). For producers that are not trusted (the
+// proxy's clients): a reference with headers that lie about its object
+// would otherwise fail every consumer at that offset. It costs one read of
+// the object. It returns s.
+func (s *Serializer) WithVerifiedReferences() *Serializer {
+	s.verifyRefs = true
+	return s
+}
+
+// verifyReference reads the object at path and sets rec's headers of side
+// sd to its size and digest.
+func (s *Serializer) verifyReference(ctx context.Context, rec *kgo.Record, sd side, path string) error {
+	rc, err := s.store.Download(ctx, path)
+	if err != nil {
+		return fmt.Errorf("topic %s: the record's %s is a reference: %w", rec.Topic, sd.name, err)
+	}
+	defer rc.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, rc)
+	if err != nil {
+		return fmt.Errorf("topic %s: the record's %s is a reference: reading its object: %w", rec.Topic, sd.name, err)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, n, sum, nil)...)
+	return nil
 }
 
 // NewSerializer returns a Serializer that publishes to store (normally one
@@ -127,7 +163,7 @@ func (s *Serializer) PlanValue(ctx context.Context, rec *kgo.Record, l Limits) (
 }
 
 func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force bool) (*Plan, error) {
-	keyRef, valueRef, rebinds, err := s.adopt(rec)
+	keyRef, valueRef, rebinds, err := s.adopt(ctx, rec)
 	if err != nil {
 		return nil, err
 	}
@@ -405,7 +441,7 @@ func headerBytes(hs []kgo.RecordHeader) int {
 //
 // rec's headers are copied before they change (they may be shared).
 func (s *Serializer) Adopt(ctx context.Context, rec *kgo.Record) (keyRef, valueRef bool, err error) {
-	keyRef, valueRef, rebinds, err := s.adopt(rec)
+	keyRef, valueRef, rebinds, err := s.adopt(ctx, rec)
 	if err != nil {
 		return false, false, err
 	}
@@ -418,7 +454,7 @@ func (s *Serializer) Adopt(ctx context.Context, rec *kgo.Record) (keyRef, valueR
 }
 
 // adopt is Adopt without I/O: the copies and touches come back to be done.
-func (s *Serializer) adopt(rec *kgo.Record) (keyRef, valueRef bool, rebinds []payloadstore.Rebinding, err error) {
+func (s *Serializer) adopt(ctx context.Context, rec *kgo.Record) (keyRef, valueRef bool, rebinds []payloadstore.Rebinding, err error) {
 	for _, sd := range []side{keySide, valueSide} {
 		if !marked(rec.Headers, sd.marker) {
 			continue
@@ -435,6 +471,11 @@ func (s *Serializer) adopt(rec *kgo.Record) (keyRef, valueRef bool, rebinds []pa
 		rb, err := s.rebind(rec.Topic, ref.FullPayloadPath)
 		if err != nil {
 			return false, false, nil, fmt.Errorf("topic %s: the record's %s is a reference: %w", rec.Topic, sd.name, err)
+		}
+		if s.verifyRefs {
+			if err := s.verifyReference(ctx, rec, sd, ref.FullPayloadPath); err != nil {
+				return false, false, nil, err
+			}
 		}
 		rebinds = append(rebinds, rb)
 		if rb.Path != ref.FullPayloadPath {

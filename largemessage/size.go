@@ -113,6 +113,9 @@ func brokerRecompresses(t string, c Codec) bool {
 	case "uncompressed":
 		return c.Type != "" && c.Type != "none"
 	}
+	if c.Type == "" {
+		return t != "none"
+	}
 	return t != c.Type
 }
 
@@ -356,4 +359,19 @@ func (l Limits) describe() string {
 		return fmt.Sprintf("set by the client's batch cap of %d bytes: raise max.request.size (franz-go ProducerBatchMaxBytes)", l.ClientBatchMaxBytes)
 	}
 	return fmt.Sprintf("set by the topic's max.message.bytes of %d bytes: raise it on the topic", l.MaxMessageBytes)
+}
+
+// StoredBatchSize is an upper bound, in bytes, of a record batch as the
+// broker stores it and checks it against max.message.bytes: the batch as
+// sent (sent bytes, records compressed with batchCodec) when the broker
+// keeps it, or, when the topic's compression.type makes the broker
+// re-encode it (another codec, or a codec for an uncompressed batch), the
+// batch header plus the worst case of that codec over the uncompressed
+// records section (uncompressed bytes). batchCodec is "none", "gzip",
+// "snappy", "lz4" or "zstd"; topicCompression as Limits.TopicCompression.
+func StoredBatchSize(topicCompression, batchCodec string, sent, uncompressed int64) int64 {
+	if !brokerRecompresses(topicCompression, Codec{Type: batchCodec}) {
+		return sent
+	}
+	return BatchOverhead + recompressedBound(topicCompression, uncompressed)
 }

@@ -47,6 +47,12 @@ type inflight struct {
 	// decode: the response must be read whole and decoded (rewritten,
 	// intercepted, or watched); otherwise it streams through.
 	decode bool
+	// release gives back memory held until the response is written
+	// (the decoded Fetch request's limits); nil: none.
+	release func()
+	// newSession: the state of the fetch session the request opens
+	// (epoch 0), bound to the id its response gives.
+	newSession *fetchSession
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -78,7 +84,8 @@ type conn struct {
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
 
-	auth saslState
+	auth     saslState
+	sessions fetchSessions // the client's incremental fetch sessions (KIP-227)
 }
 
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
@@ -86,7 +93,8 @@ func newConn(s *Server, c net.Conn, nodeID int32) *conn {
 		upReady: make(chan struct{}), log: s.log.With("client", c.RemoteAddr().String(), "node", nodeID)}
 	cn.ctx, cn.cancel = context.WithCancel(context.Background())
 	cn.active.Store(time.Now().UnixNano())
-	cn.auth.init(s.authRequired())
+	cn.auth.init(s.authRequired)
+	cn.sessions.s = s
 	return cn
 }
 
@@ -171,6 +179,7 @@ func (c *conn) serve() {
 	c.readLoop()
 	wg.Wait()
 	c.close()
+	c.sessions.close()
 }
 
 // ensureUpstream dials the upstream broker on first use: a client that
@@ -367,14 +376,23 @@ func (c *conn) handleWhole(frame []byte) bool {
 	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
 	switch h.Key {
 	case keySASLHandshake:
-		c.auth.handshake()
+		c.auth.handshake(h.Version, frame[4+h.Len:])
 	case keySASLAuthenticate:
 		c.auth.authenticating()
 	case keyFetch:
 		if c.s.ic != nil && c.s.ic.chain.HasFetch() {
+			if !c.auth.await(c.done) {
+				c.fail("unauthenticated", "Fetch request before SASL authentication completed (the broker closes such a connection too)", nil)
+				return false
+			}
+			release, ok := c.chargeShape(h, frame)
+			if !ok {
+				return false
+			}
+			f.release = release // the limits live until the response is written
 			// A request that does not decode goes on: the broker answers it.
 			if req, err := decodeFetch(h.Version, frame[4+h.Len:]); err == nil {
-				f.fetchLimits = interceptor.FetchLimitsOf(req)
+				f.fetchLimits, f.newSession = c.sessions.limits(req)
 			}
 		}
 	case keyProduce:
@@ -383,6 +401,11 @@ func (c *conn) handleWhole(frame []byte) bool {
 				c.fail("unauthenticated", "Produce request before SASL authentication completed (the broker closes such a connection too)", nil)
 				return false
 			}
+			release, ok := c.chargeShape(h, frame)
+			if !ok {
+				return false
+			}
+			defer release()
 			out, forward, err := c.interceptProduce(h, frame, f)
 			if err != nil {
 				c.fail("malformed", "bad Produce request from client", err)
@@ -397,17 +420,51 @@ func (c *conn) handleWhole(frame []byte) bool {
 			}
 		}
 	}
-	if expectResponse && !c.enqueue(f) {
-		return false
-	}
-	if !c.ensureUpstream() {
+	if (expectResponse && !c.enqueue(f)) || !c.ensureUpstream() {
+		f.abandon(c.ctx)
 		return false
 	}
 	if _, err := c.upstream.Write(frame); err != nil {
+		f.abandon(c.ctx)
 		c.forwardError(err)
 		return false
 	}
 	return true
+}
+
+// chargeShape counts the topics and partitions of a request the proxy is
+// about to decode and charges what decoding allocates to the memory budget
+// (scan.go); release gives it back. A request that cannot be counted is
+// decoded by no one: the broker answers it. false: the connection closed
+// (more than the whole budget).
+func (c *conn) chargeShape(h RequestHeader, frame []byte) (release func(), ok bool) {
+	body := frame[4+h.Len:]
+	shape := produceShape
+	if h.Key == keyFetch {
+		shape = fetchShape
+	}
+	topics, partitions, err := shape(h.Version, body, h.Flexible)
+	if err != nil {
+		return func() {}, true
+	}
+	n := decodedBytes(topics, partitions, h.Key)
+	if err := c.s.mem.Take(c.ctx, n); err != nil {
+		c.fail("memory", fmt.Sprintf("%s request of %d topics and %d partitions: no room in proxy.memory.max.bytes", apiName(h.Key), topics, partitions), err)
+		return nil, false
+	}
+	return func() { c.s.mem.Give(n) }, true
+}
+
+// abandon undoes a request's interceptor work that will not reach the
+// broker (the connection closed before it was forwarded).
+func (f *inflight) abandon(ctx context.Context) {
+	if f.produce != nil {
+		f.produce.AbortAll(context.WithoutCancel(ctx))
+	}
+	if f.release != nil {
+		f.release()
+		f.release = nil
+	}
 }
 
 func (c *conn) forwardError(err error) {
@@ -659,6 +716,10 @@ func (c *conn) setWriteDeadline() {
 
 // answered accounts for a response written.
 func (c *conn) answered(f *inflight, n int64) {
+	if f.release != nil {
+		f.release()
+		f.release = nil
+	}
 	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())

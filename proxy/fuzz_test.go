@@ -87,10 +87,10 @@ func FuzzProduceRequest(f *testing.F) {
 		}
 		var out interceptor.ProduceOutcome
 		watchdog(t, 20*time.Second, func() {
-			out = ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]int32 {
-				m := map[string]int32{}
+			out = ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]interceptor.TopicLimit {
+				m := map[string]interceptor.TopicLimit{}
 				for _, tp := range topics {
-					m[tp] = 4096
+					m[tp] = interceptor.TopicLimit{MaxMessageBytes: 4096, Compression: []string{"", "zstd", "uncompressed"}[len(tp)%3]}
 				}
 				return m
 			})

@@ -46,6 +46,7 @@ type interception struct {
 	names   map[[16]byte]string
 	unknown map[[16]byte]time.Time // ids the cluster did not name, and when
 	lookup  *nameLookup            // the Metadata request in flight, if any
+	learnt  time.Time              // when the last Metadata request ended
 	logged  map[string]time.Time   // last warning per topic/partition
 }
 
@@ -119,16 +120,16 @@ func (ic *interception) close() {
 }
 
 // maxMessageBytes is the limits callback of Chain.InterceptProduce: the
-// max.message.bytes of topics as the cluster reports them (one
+// max.message.bytes and compression.type of topics as the cluster reports them (one
 // DescribeConfigs for all that are not cached; the broker's
 // message.max.bytes for a topic that does not exist yet), cached for
 // topic.config.refresh.ms. A topic the cluster cannot be asked about is
 // left out (the broker's own check then applies).
-func (ic *interception) maxMessageBytes(topics []string) map[string]int32 {
-	out := make(map[string]int32, len(topics))
+func (ic *interception) maxMessageBytes(topics []string) map[string]interceptor.TopicLimit {
+	out := make(map[string]interceptor.TopicLimit, len(topics))
 	for t, r := range ic.configs.GetAll(context.Background(), topics) {
 		if r.Err == nil && r.Config.MaxMessageBytes > 0 && r.Config.MaxMessageBytes <= math.MaxInt32 {
-			out[t] = int32(r.Config.MaxMessageBytes)
+			out[t] = interceptor.TopicLimit{MaxMessageBytes: int32(r.Config.MaxMessageBytes), Compression: r.Config.Compression}
 		}
 	}
 	return out
@@ -181,7 +182,9 @@ func (ic *interception) topicName(id [16]byte) (string, bool) {
 		ic.mu.Unlock()
 		return name, true
 	}
-	if at, ok := ic.unknown[id]; ok && time.Since(at) < unknownTopicIDTTL {
+	if at, ok := ic.unknown[id]; ok && time.Since(at) < unknownTopicIDTTL || time.Since(ic.learnt) < unknownTopicIDTTL && ic.lookup == nil {
+		// Unknown, or the cluster was asked moments ago: every id a
+		// client makes up would otherwise cost one Metadata request.
 		ic.mu.Unlock()
 		return "", false
 	}
@@ -198,14 +201,10 @@ func (ic *interception) topicName(id [16]byte) (string, bool) {
 	if name, ok := ic.names[id]; ok {
 		return name, true
 	}
-	ic.unknown[id] = time.Now()
-	if len(ic.unknown) > 10000 { // bound what made-up ids can fill
-		for k, at := range ic.unknown {
-			if time.Since(at) >= unknownTopicIDTTL {
-				delete(ic.unknown, k)
-			}
-		}
+	if len(ic.unknown) >= 10000 { // bound what made-up ids can fill
+		clear(ic.unknown)
 	}
+	ic.unknown[id] = time.Now()
 	return "", false
 }
 
@@ -214,6 +213,7 @@ func (ic *interception) refreshNames(l *nameLookup) {
 	defer func() {
 		ic.mu.Lock()
 		ic.lookup = nil
+		ic.learnt = time.Now()
 		ic.mu.Unlock()
 		close(l.done)
 	}()
@@ -401,6 +401,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		if err := resp.ReadFrom(body); err != nil {
 			return nil, release, fmt.Errorf("decode Fetch v%d response: %w", f.version, err)
 		}
+		c.sessions.opened(resp.SessionID, f.newSession)
 		out := c.s.ic.chain.InterceptFetchLimited(c.ctx, resp, f.fetchLimits)
 		release = out.Release
 		if out.Truncated > 0 {
@@ -421,7 +422,24 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			c.s.m.errors.WithLabelValues("interceptor_fetch").Add(float64(len(out.Failed)))
 		}
 		if out.Rewritten > 0 || len(out.Failed) > 0 {
-			body, changed = resp.AppendTo(nil), true
+			// Encoded once, straight into the frame, charged first: it
+			// holds every payload put back.
+			est := int64(4+hlen) + 1024
+			for _, t := range resp.Topics {
+				est += int64(len(t.Topic)) + 64
+				for _, p := range t.Partitions {
+					est += int64(len(p.RecordBatches)) + 128 + int64(len(p.AbortedTransactions))*16
+				}
+			}
+			if err := c.s.mem.Take(c.ctx, est); err != nil {
+				out.Release()
+				return nil, func() {}, err
+			}
+			release = func() { out.Release(); c.s.mem.Give(est) }
+			enc := append(make([]byte, 4, est), msg[:hlen]...)
+			enc = resp.AppendTo(enc)
+			binary.BigEndian.PutUint32(enc, uint32(len(enc)-4))
+			return enc, release, nil
 		}
 	}
 	if !changed {

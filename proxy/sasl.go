@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"strings"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -22,21 +24,33 @@ type saslState struct {
 	cond          *sync.Cond
 	required      bool
 	authenticated bool
-	pending       int // SaslAuthenticate (or handshake) requests not yet answered
+	pending       int    // SaslAuthenticate (or handshake) requests not yet answered
+	mechanism     string // from the last SaslHandshake request, upper case
 	closed        bool
+	// upstream reports whether the upstream listener requires SASL
+	// (Server.authRequired); asked only when an interception is due.
+	upstream func() bool
 }
 
-func (a *saslState) init(required bool) {
+func (a *saslState) init(upstream func() bool) {
 	a.cond = sync.NewCond(&a.mu)
-	a.required = required
+	a.upstream = upstream
 }
 
-// handshake records a SaslHandshake request: this connection authenticates
-// (again, for a re-authentication) from now on.
-func (a *saslState) handshake() {
+// handshake records a SaslHandshake request (body: past its header): this
+// connection authenticates (again, for a re-authentication) from now on,
+// with the mechanism it names.
+func (a *saslState) handshake(version int16, body []byte) {
+	mech := ""
+	req := kmsg.NewPtrSASLHandshakeRequest()
+	req.SetVersion(version)
+	if req.ReadFrom(body) == nil {
+		mech = strings.ToUpper(req.Mechanism)
+	}
 	a.mu.Lock()
 	a.required = true
 	a.pending++
+	a.mechanism = mech
 	a.mu.Unlock()
 }
 
@@ -50,16 +64,36 @@ func (a *saslState) authenticating() {
 
 // response records the broker's answer to a SaslHandshake or
 // SaslAuthenticate request (body: the response past its header). A
-// successful SaslAuthenticate authenticates the connection; a failed one,
-// or a handshake the broker refused, does not (the broker closes the
-// connection after a failed authentication anyway).
+// SaslAuthenticate answer authenticates the connection only when it ends
+// the exchange successfully, which depends on the mechanism: PLAIN's one
+// step; SCRAM's server-final message ("v=…"; its first answer, "r=…", only
+// continues the exchange and needs no password); OAUTHBEARER's empty
+// answer (a non-empty one is an error report). Other mechanisms (GSSAPI)
+// cannot be followed: such connections are never intercepted. A failed
+// exchange, or a handshake the broker refused, does not authenticate (the
+// broker closes the connection after a failed authentication anyway).
 func (a *saslState) response(key, version int16, body []byte) {
-	ok := false
+	ok, final := false, true
 	switch key {
 	case keySASLAuthenticate:
 		resp := kmsg.NewPtrSASLAuthenticateResponse()
 		resp.SetVersion(version)
-		ok = resp.ReadFrom(body) == nil && resp.ErrorCode == 0
+		if resp.ReadFrom(body) == nil && resp.ErrorCode == 0 {
+			a.mu.Lock()
+			mech := a.mechanism
+			a.mu.Unlock()
+			switch {
+			case mech == "PLAIN":
+				ok = true
+			case strings.HasPrefix(mech, "SCRAM-"):
+				ok = bytes.HasPrefix(resp.SASLAuthBytes, []byte("v="))
+				// "r=…" continues the exchange: the state stays as it
+				// was (a re-authentication keeps the connection's).
+				final = !bytes.HasPrefix(resp.SASLAuthBytes, []byte("r="))
+			case mech == "OAUTHBEARER":
+				ok = len(resp.SASLAuthBytes) == 0
+			}
+		}
 	case keySASLHandshake:
 		resp := kmsg.NewPtrSASLHandshakeResponse()
 		resp.SetVersion(version)
@@ -74,7 +108,7 @@ func (a *saslState) response(key, version int16, body []byte) {
 	}
 	a.mu.Lock()
 	a.pending = max(a.pending-1, 0)
-	if key == keySASLAuthenticate {
+	if key == keySASLAuthenticate && final {
 		a.authenticated = ok
 	}
 	a.cond.Broadcast()
@@ -85,8 +119,12 @@ func (a *saslState) response(key, version int16, body []byte) {
 // connection may be intercepted: authentication is not required, or it
 // succeeded. It returns false at once when done is closed.
 func (a *saslState) await(done <-chan struct{}) bool {
+	up := a.upstream != nil && a.upstream()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if up {
+		a.required = true
+	}
 	for a.required && a.pending > 0 && !a.closed {
 		select {
 		case <-done:
@@ -100,9 +138,10 @@ func (a *saslState) await(done <-chan struct{}) bool {
 
 // ok reports, without waiting, whether the connection may be intercepted.
 func (a *saslState) ok() bool {
+	up := a.upstream != nil && a.upstream()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return !a.required || a.authenticated
+	return !(a.required || up) || a.authenticated
 }
 
 // wake releases waiters when the connection closes.

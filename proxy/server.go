@@ -71,9 +71,10 @@ type Server struct {
 	// the interceptors' work.
 	mem *interceptor.Memory
 	// saslUpstream: the upstream listener requires SASL (configured, or
-	// found at start-up); interceptors then wait for each client's
-	// authentication.
-	saslUpstream atomic.Bool
+	// found by a probe); interceptors then wait for each client's
+	// authentication. saslKnown: configured, or a probe concluded.
+	saslUpstream, saslKnown atomic.Bool
+	probeMu                 sync.Mutex // one probe at a time
 	// perIP counts client connections by remote address (max.connections.per.ip).
 	perIP map[string]int
 
@@ -99,6 +100,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{},
 		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax)}
 	s.saslUpstream.Store(cfg.UpstreamSASL.Mechanism != "")
+	s.saslKnown.Store(cfg.UpstreamSASL.Mechanism != "" || len(cfg.Interceptors) == 0)
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -525,8 +527,52 @@ func (s *Server) shouldLogRefusal() bool {
 }
 
 // authRequired reports whether client connections must authenticate
-// before the interceptors run (see saslState).
-func (s *Server) authRequired() bool { return s.saslUpstream.Load() }
+// before the interceptors run (see saslState): upstream.sasl.* is set, or
+// a probe found the broker closing unauthenticated connections. Until a
+// probe has concluded (the upstream unreachable so far), it probes now and,
+// failing that, answers true: fail closed.
+func (s *Server) authRequired() bool {
+	if s.saslKnown.Load() {
+		return s.saslUpstream.Load()
+	}
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if !s.saslKnown.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+		_ = s.probe(ctx)
+		cancel()
+	}
+	return !s.saslKnown.Load() || s.saslUpstream.Load()
+}
+
+// probe asks the upstream cluster for its brokers on a connection of its
+// own, without authentication, which opens their listeners and tells
+// whether the listener requires SASL (the broker closes the connection).
+// Errors: ErrBrokerPort; an unreachable upstream or another failure leaves
+// the SASL question open (logged by the caller).
+func (s *Server) probe(ctx context.Context) error {
+	up, err := s.dialUpstream(ctx, -1)
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = up.SetDeadline(dl)
+	}
+	err = discoverBrokers(up, s.mapAddress)
+	switch {
+	case err == nil:
+		s.saslKnown.Store(true)
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		// The broker closed an unauthenticated connection: a SASL
+		// listener. Interceptors wait for each client's authentication.
+		if !s.saslUpstream.Swap(true) {
+			s.log.Warn("the upstream broker closes unauthenticated connections: treating it as a SASL listener (interceptors run only for authenticated clients); set upstream.sasl.* to say so", "err", err)
+		}
+		s.saslKnown.Store(true)
+	}
+	return err
+}
 
 // discover asks the upstream cluster for its brokers through an in-process
 // connection to the proxy itself, so listeners exist before any client asks;
@@ -534,26 +580,11 @@ func (s *Server) authRequired() bool { return s.saslUpstream.Load() }
 func (s *Server) discover(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	up, err := s.dialUpstream(ctx, -1)
-	if err != nil {
-		s.log.Warn("upstream not reachable at start-up; listeners open on first metadata", "err", err)
-		return nil
-	}
-	defer up.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = up.SetDeadline(dl)
-	}
-	if err := discoverBrokers(up, s.mapAddress); err != nil {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if err := s.probe(ctx); err != nil {
 		if errors.Is(err, ErrBrokerPort) {
 			return err
-		}
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
-			// The broker closed an unauthenticated connection: a SASL
-			// listener. Fail closed: interceptors wait for each
-			// client's authentication from now on.
-			if !s.saslUpstream.Swap(true) {
-				s.log.Warn("the upstream broker closed an unauthenticated connection: treating it as a SASL listener (interceptors run only for authenticated clients); set upstream.sasl.* to say so", "err", err)
-			}
 		}
 		s.log.Warn("broker discovery at start-up failed; listeners open on first metadata", "err", err)
 	}

@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"errors"
+	"unsafe"
+
+	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// The shapes of the requests the proxy decodes with kmsg (Produce, and Fetch
+// with fetch interceptors), counted first without allocating: decoded, each
+// topic and partition is a struct many times larger than its bytes on the
+// wire (a topic of a Fetch request is 2 bytes there, ~100 in memory), so the
+// decoded size is charged to the memory budget before kmsg allocates it.
+
+// errShape: a request that cannot be counted (it would not decode either).
+var errShape = errors.New("malformed request body")
+
+// decodedBytes is an upper bound of what kmsg allocates to decode a request
+// with these many topics and partitions (and forgotten partitions, Fetch),
+// beyond the bytes it keeps pointing into.
+func decodedBytes(topics, partitions int64, key int16) int64 {
+	switch key {
+	case keyProduce:
+		return topics*int64(unsafe.Sizeof(kmsg.ProduceRequestTopic{})) +
+			partitions*int64(unsafe.Sizeof(kmsg.ProduceRequestTopicPartition{})) + 1024
+	default:
+		// Fetch: the topics and partitions, and the limits the proxy keeps
+		// per partition (map entries of FetchLimits).
+		return topics*int64(unsafe.Sizeof(kmsg.FetchRequestTopic{})) +
+			partitions*(int64(unsafe.Sizeof(kmsg.FetchRequestTopicPartition{}))+2*fetchLimitEntryBytes) + 1024
+	}
+}
+
+// fetchLimitEntryBytes bounds one partition's entry in a FetchLimits map.
+const fetchLimitEntryBytes = 96
+
+// scanner reads a request body as kmsg would, counting arrays.
+type scanner struct {
+	b        kbin.Reader
+	flexible bool
+}
+
+func (s *scanner) arrayLen() int64 {
+	if s.flexible {
+		return int64(s.b.CompactArrayLen())
+	}
+	return int64(s.b.ArrayLen())
+}
+
+// skip passes over a string or bytes field without copying it: an int16
+// (strings) or int32 (bytes) length, or a compact unsigned varint length + 1
+// in flexible versions; -1 (0 compact) is null.
+func (s *scanner) skip(bytesField bool) {
+	var n int
+	switch {
+	case s.flexible:
+		n = int(s.b.Uvarint()) - 1
+	case bytesField:
+		n = int(s.b.Int32())
+	default:
+		n = int(s.b.Int16())
+	}
+	if n > 0 {
+		s.b.Span(n)
+	}
+}
+
+func (s *scanner) str()           { s.skip(false) }
+func (s *scanner) nullableStr()   { s.skip(false) }
+func (s *scanner) nullableBytes() { s.skip(true) }
+
+func (s *scanner) tags() {
+	if s.flexible {
+		kmsg.SkipTags(&s.b)
+	}
+}
+
+// produceShape counts the topics and partitions of a Produce request body.
+func produceShape(version int16, body []byte, flexible bool) (topics, partitions int64, err error) {
+	s := scanner{b: kbin.Reader{Src: body}, flexible: flexible}
+	if version >= 3 {
+		s.nullableStr() // transactional id
+	}
+	s.b.Int16() // acks
+	s.b.Int32() // timeout
+	topics = s.arrayLen()
+	for t := int64(0); t < topics && s.b.Ok(); t++ {
+		if version >= 13 {
+			s.b.Uuid()
+		} else {
+			s.str()
+		}
+		n := s.arrayLen()
+		partitions += n
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32()
+			s.nullableBytes()
+			s.tags()
+		}
+		s.tags()
+	}
+	if !s.b.Ok() || topics < 0 {
+		return 0, 0, errShape
+	}
+	return topics, partitions, nil
+}
+
+// fetchShape counts the topics and partitions (forgotten ones included) of
+// a Fetch request body.
+func fetchShape(version int16, body []byte, flexible bool) (topics, partitions int64, err error) {
+	s := scanner{b: kbin.Reader{Src: body}, flexible: flexible}
+	if version <= 14 {
+		s.b.Int32() // replica id
+	}
+	s.b.Int32() // max wait
+	s.b.Int32() // min bytes
+	if version >= 3 {
+		s.b.Int32() // max bytes
+	}
+	if version >= 4 {
+		s.b.Int8() // isolation level
+	}
+	if version >= 7 {
+		s.b.Int32() // session id
+		s.b.Int32() // session epoch
+	}
+	topic := func(forgotten bool) {
+		if version >= 13 {
+			s.b.Uuid()
+		} else {
+			s.str()
+		}
+		n := s.arrayLen()
+		partitions += n
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32() // partition
+			if forgotten {
+				continue
+			}
+			if version >= 9 {
+				s.b.Int32() // current leader epoch
+			}
+			s.b.Int64() // fetch offset
+			if version >= 12 {
+				s.b.Int32() // last fetched epoch
+			}
+			if version >= 5 {
+				s.b.Int64() // log start offset
+			}
+			s.b.Int32() // partition max bytes
+			s.tags()
+		}
+		s.tags()
+	}
+	n := s.arrayLen()
+	topics += n
+	for t := int64(0); t < n && s.b.Ok(); t++ {
+		topic(false)
+	}
+	if version >= 7 {
+		n := s.arrayLen()
+		topics += n
+		for t := int64(0); t < n && s.b.Ok(); t++ {
+			topic(true)
+		}
+	}
+	if !s.b.Ok() || topics < 0 {
+		return 0, 0, errShape
+	}
+	return topics, partitions, nil
+}
