@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"hash/crc32"
+	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -82,15 +85,38 @@ func plainHeader(n int32, attrs int16) kmsg.RecordBatch {
 // FuzzJSON feeds arbitrary values to the JSON check and to both JSON
 // interceptors: no input may panic or recurse without bound, and what the
 // check accepts is valid JSON without a duplicate name (encoding/json
-// agrees on validity).
+// agrees on validity). redact, with names compared case-insensitively
+// (the default) and exactly, refuses what the check refuses, and exactly
+// as much more as two names equal but for case in one object; on what it
+// accepts its output is valid JSON, every configured field in it (found
+// by a walk of the decoded value, names compared as redact compares them)
+// is the mask, everything else decodes as the input did, and the bytes
+// outside the masked spans are the input's.
 func FuzzJSON(f *testing.F) {
 	for _, s := range []string{`{"a":1}`, `{"n":1e400,"email":"a","email":"secret"}`, `[[[[[]]]]]`,
-		`{"a":{"b":[1,2,{"c":"\u00e9"}]}}`, `"\ud800"`, `{"a":1,"a":2}`, `{"\u0061":1,"a":2}`, strings.Repeat("[", 2000)} {
+		`{"a":{"b":[1,2,{"c":"\u00e9"}]}}`, `"\ud800"`, `{"a":1,"a":2}`, `{"\u0061":1,"a":2}`, strings.Repeat("[", 2000),
+		`{"EMAIL":"x","B":[{"C":1},{"c":{"x":1}},2]}`, `{"email":"x","Email":"y"}`, `{"\u212aind":1,"Kind":2}`,
+		`{"d":[0,{"e":1,"E":2},{"e":3}],"d.1":{"e":4}}`, `{"f":[[1],{"g":2},[3,[4]]],"g.h":1,"g":{"h":2}}`,
+		`{"i":{"j":{"k":1}},"I":0}`, ` [ {"a" : [ 1 ] } ] `, `{"b":{"0":{"c":1}},"d":{"1":{"e":1}}}`} {
 		f.Add([]byte(s))
 	}
-	red, err := New(context.Background(), "redact", map[string]string{KeyRedactFields: "a,email,b.#.c", KeyJSONMaxDepth: "64"})
+	const fields = `a,email,b.#.c,d.1.e,f.#.#,g\.h,i.j,i,kind`
+	paths := [][]string{{"a"}, {"email"}, {"b", "#", "c"}, {"d", "1", "e"}, {"f", "#", "#"}, {"g.h"}, {"i", "j"}, {"i"}, {"kind"}}
+	red, err := New(context.Background(), "redact", map[string]string{KeyRedactFields: fields, KeyJSONMaxDepth: "64"})
 	if err != nil {
 		f.Fatal(err)
+	}
+	exact, err := New(context.Background(), "redact", map[string]string{KeyRedactFields: fields, KeyJSONMaxDepth: "64", KeyRedactCaseSensitive: "true"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	var rds [2]*redactor // [0] case-insensitive, [1] exact
+	for i, fold := range []bool{true, false} {
+		root, err := compileRedactPaths(strings.Split(fields, ","), fold)
+		if err != nil {
+			f.Fatal(err)
+		}
+		rds[i] = &redactor{root: root, fold: fold, maxDepth: 64, mask: []byte(`"***"`)}
 	}
 	val, err := New(context.Background(), "validate-json", map[string]string{KeyJSONMaxDepth: "64",
 		KeyJSONSchema: `{"type":"object","properties":{"a":{"type":"integer"}}}`})
@@ -102,10 +128,158 @@ func FuzzJSON(f *testing.F) {
 		if err == nil && !json.Valid(b) {
 			t.Fatalf("checkJSON accepted %q, which encoding/json rejects", b)
 		}
-		r := &Record{Topic: "t", Value: bytes.Clone(b)}
-		if rerr := red.Produce.ProcessRecord(context.Background(), r); rerr == nil && !json.Valid(r.Value) {
-			t.Fatalf("redact turned %q into invalid JSON %q", b, r.Value)
+		for i, in := range []Instance{red, exact} {
+			fold := i == 0
+			r := &Record{Topic: "t", Value: bytes.Clone(b)}
+			rerr := in.Produce.ProcessRecord(context.Background(), r)
+			switch {
+			case rerr == nil && err != nil:
+				t.Fatalf("redact (fold %v) accepted %q, which checkJSON refuses: %v", fold, b, err)
+			case rerr != nil && err == nil && (!fold || !hasFoldedDuplicate(t, b)):
+				t.Fatalf("redact (fold %v) refused %q, which checkJSON accepts: %v", fold, b, rerr)
+			case rerr != nil:
+				continue
+			}
+			if !json.Valid(r.Value) {
+				t.Fatalf("redact turned %q into invalid JSON %q", b, r.Value)
+			}
+			spans, serr := rds[i].spans(context.Background(), b)
+			if serr != nil {
+				t.Fatalf("spans of %q: %v", b, serr)
+			}
+			// The output is the input with each span, a whole JSON
+			// value, replaced by the mask.
+			prev, out := 0, r.Value
+			for _, sp := range spans {
+				if sp.start < prev || sp.end <= sp.start || sp.end > len(b) || !json.Valid(b[sp.start:sp.end]) ||
+					len(bytes.TrimSpace(b[sp.start:sp.end])) != sp.end-sp.start {
+					t.Fatalf("%q: bad span %v in %v", b, sp, spans)
+				}
+				n := sp.start - prev
+				if !bytes.HasPrefix(out, b[prev:sp.start]) || !bytes.HasPrefix(out[n:], []byte(`"***"`)) {
+					t.Fatalf("%q became %q: bytes before the span %v changed", b, r.Value, sp)
+				}
+				out, prev = out[n+len(`"***"`):], sp.end
+			}
+			if !bytes.Equal(out, b[prev:]) {
+				t.Fatalf("%q became %q: bytes after the last span changed", b, r.Value)
+			}
+			checkRedacted(t, decodeAny(t, b), decodeAny(t, r.Value), paths, fold, "$")
 		}
 		_ = val.Produce.ProcessRecord(context.Background(), &Record{Topic: "t", Value: bytes.Clone(b)})
 	})
+}
+
+func decodeAny(t *testing.T, b []byte) any {
+	t.Helper()
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		t.Fatalf("decoding %q: %v", b, err)
+	}
+	return v
+}
+
+// checkRedacted compares a decoded value in with its redacted form out:
+// where one of paths ends (a configured field), out must be the mask;
+// elsewhere out must be in. Names are compared with strings.EqualFold when
+// fold; "#" is every element of an array, digits one element or a name.
+func checkRedacted(t *testing.T, in, out any, paths [][]string, fold bool, where string) {
+	t.Helper()
+	for _, p := range paths {
+		if len(p) == 0 {
+			if out != "***" {
+				t.Fatalf("%s survived redaction: %v", where, out)
+			}
+			return
+		}
+	}
+	switch v := in.(type) {
+	case map[string]any:
+		o, ok := out.(map[string]any)
+		if !ok || len(o) != len(v) {
+			t.Fatalf("%s: %v became %v", where, in, out)
+		}
+		for k, x := range v {
+			var sub [][]string
+			for _, p := range paths {
+				if p[0] != "#" && (p[0] == k || fold && strings.EqualFold(p[0], k)) {
+					sub = append(sub, p[1:])
+				}
+			}
+			y, ok := o[k]
+			if !ok {
+				t.Fatalf("%s: member %q lost", where, k)
+			}
+			checkRedacted(t, x, y, sub, fold, where+"."+k)
+		}
+	case []any:
+		o, ok := out.([]any)
+		if !ok || len(o) != len(v) {
+			t.Fatalf("%s: %v became %v", where, in, out)
+		}
+		for i, x := range v {
+			var sub [][]string
+			for _, p := range paths {
+				if p[0] == "#" || p[0] == strconv.Itoa(i) {
+					sub = append(sub, p[1:])
+				}
+			}
+			checkRedacted(t, x, o[i], sub, fold, fmt.Sprintf("%s[%d]", where, i))
+		}
+	default:
+		if in != out {
+			t.Fatalf("%s: %v became %v", where, in, out)
+		}
+	}
+}
+
+// hasFoldedDuplicate reports whether the valid JSON b has an object with
+// two member names equal to strings.EqualFold.
+func hasFoldedDuplicate(t *testing.T, b []byte) bool {
+	t.Helper()
+	type frame struct {
+		obj     bool
+		wantKey bool
+		keys    []string
+	}
+	var stack []frame
+	valueDone := func() {
+		if n := len(stack); n > 0 && stack[n-1].obj {
+			stack[n-1].wantKey = true
+		}
+	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			return false
+		}
+		if err != nil {
+			t.Fatalf("tokens of %q: %v", b, err)
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			stack = append(stack, frame{obj: tok == json.Delim('{'), wantKey: true})
+			continue
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			valueDone()
+			continue
+		}
+		if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].wantKey {
+			k := tok.(string)
+			for _, o := range stack[n-1].keys {
+				if strings.EqualFold(o, k) {
+					return true
+				}
+			}
+			stack[n-1].keys = append(stack[n-1].keys, k)
+			stack[n-1].wantKey = false
+			continue
+		}
+		valueDone()
+	}
 }

@@ -56,20 +56,31 @@ func checkJSON(b []byte, maxDepth int) error {
 			return fmt.Errorf("%w: the value (%d bytes) holds more than one JSON value", kerr.InvalidRecord, len(b))
 		}
 		if err != nil {
-			var se *jsontext.SyntacticError
-			msg := err.Error()
-			if errors.As(err, &se) {
-				msg = fmt.Sprintf("at byte %d: %v", se.ByteOffset, se.Err)
-			}
-			return fmt.Errorf("%w: the value (%d bytes) is not valid JSON %s", kerr.InvalidRecord, len(b), shortMsg(msg))
+			return invalidJSON(b, err)
 		}
 		if dec.StackDepth() > maxDepth {
-			return fmt.Errorf("%w: the value nests arrays and objects deeper than %s=%d (at byte %d)", kerr.InvalidRecord, KeyJSONMaxDepth, maxDepth, dec.InputOffset())
+			return tooDeep(maxDepth, dec.InputOffset())
 		}
 		if dec.StackDepth() == 0 {
 			values++
 		}
 	}
+}
+
+// invalidJSON is the error for b, which a jsontext.Decoder failed to read
+// with err.
+func invalidJSON(b []byte, err error) error {
+	var se *jsontext.SyntacticError
+	msg := err.Error()
+	if errors.As(err, &se) {
+		msg = fmt.Sprintf("at byte %d: %v", se.ByteOffset, se.Err)
+	}
+	return fmt.Errorf("%w: the value (%d bytes) is not valid JSON %s", kerr.InvalidRecord, len(b), shortMsg(msg))
+}
+
+// tooDeep is the error for a value nesting deeper than maxDepth at byte off.
+func tooDeep(maxDepth int, off int64) error {
+	return fmt.Errorf("%w: the value nests arrays and objects deeper than %s=%d (at byte %d)", kerr.InvalidRecord, KeyJSONMaxDepth, maxDepth, off)
 }
 
 // shortMsg bounds a parser message quoted in a Kafka error message.
