@@ -172,13 +172,13 @@ func varintBytesLen(b []byte) int {
 // (ReadFrom then says so).
 func headerCount(rec []byte) int64 {
 	b := kbin.Reader{Src: rec}
-	b.Varint()      // length
-	b.Int8()        // attributes
-	b.Varlong()     // timestamp delta
-	b.Varint()      // offset delta
-	b.VarintBytes() // key
-	b.VarintBytes() // value
-	n := b.Varint() // header count
+	b.Varint()                                            // length
+	b.Int8()                                              // attributes
+	b.Varlong()                                           // timestamp delta
+	b.Varint()                                            // offset delta
+	b.VarintBytes()                                       // key
+	b.VarintBytes()                                       // value
+	n := b.Varint()                                       // header count
 	if !b.Ok() || n < 0 || int64(n) > int64(len(b.Src)) { // kbin refuses more without allocating
 		return 0
 	}

@@ -326,7 +326,7 @@ func unsnappy(w *budgetWriter, src []byte) error {
 		if err != nil {
 			return err
 		}
-		if len(out) != n || (n > 0 && &out[0] != &w.buf[at:at+n][0]) {
+		if len(out) != n || (n > 0 && &out[0] != &w.buf[at : at+n][0]) {
 			return errors.New("snappy: decoded length differs from the block's header")
 		}
 		w.buf = w.buf[:at+n]
