@@ -76,6 +76,28 @@ func (m *Memory) Take(ctx context.Context, n int64) error {
 	return l.charge(ctx, n)
 }
 
+// TakeUnqueued is Take without queueing behind larger waiters: it retries
+// until the n bytes fit, with a backoff up to 100 ms, until ctx ends. For
+// the proxy's frame buffers, so that a request waiting for a large room
+// does not hold back a small one that fits now.
+func (m *Memory) TakeUnqueued(ctx context.Context, n int64) error {
+	if n > m.limit {
+		return fmt.Errorf("%w: %d bytes needed at once, the budget is %d", ErrMemoryBusy, n, m.limit)
+	}
+	wait := time.Millisecond
+	for !m.TryTake(n) {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: no room for %d bytes: %v", ErrMemoryBusy, n, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+	return nil
+}
+
 // TryTake is Take without waiting: false when the budget has no room now.
 func (m *Memory) TryTake(n int64) bool {
 	if n <= 0 {

@@ -267,6 +267,10 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 		f.msg = fmt.Sprintf("topic %s partition %d: %s", topic, partition, f.msg)
 		return nil, f
 	}
+	if len(records) == 0 {
+		// Null or empty: nothing to see; the broker answers it.
+		return &partitionResult{records: records, led: led}, nil
+	}
 	var works []*batchWork
 	defer func() {
 		for _, bw := range works {

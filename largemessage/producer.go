@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -61,7 +62,7 @@ func NewProducer(cl *kgo.Client, store payloadstore.PayloadStore, cfg Config) (*
 	ser := NewSerializer(store, codec).WithCopyTopics(cfg.CopyTopics)
 	d := DefaultConfig()
 	p := &Producer{cl: cl, ser: ser, threshold: cfg.Threshold, keySer: cfg.KeySerializers, valueSer: cfg.ValueSerializers,
-		configs: NewTopicConfigs(cl, 0), gates: map[string]*gate{}}
+		configs: NewTopicConfigs(cl, 0).WithUnknownTTL(0), gates: map[string]*gate{}}
 	if p.keySer == nil {
 		p.keySer = d.KeySerializers
 	}
@@ -222,6 +223,14 @@ func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, promise 
 // the limit.
 func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	p.configs.Forget(rec.Topic)
+	// A topic just created is unknown to DescribeConfigs for a moment:
+	// wait (up to 5 s) for its own limits rather than the broker's
+	// defaults, which refused this record already.
+	for range 20 {
+		if tc, err := p.configs.Get(ctx, rec.Topic); err != nil || tc.Exists || !sleep(ctx, 250*time.Millisecond) {
+			break
+		}
+	}
 	l := p.Limits(ctx, rec.Topic)
 	if err := p.ser.offloadAll(ctx, rec, l); err != nil {
 		promise(rec, fmt.Errorf("topic %s: the broker refused the record as too large and offloading it failed: %w", rec.Topic, err))
@@ -299,4 +308,16 @@ func (l Limits) batchCapacity(c Codec) int64 {
 		}
 	}
 	return max(lo, 1)
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

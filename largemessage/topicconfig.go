@@ -67,13 +67,23 @@ type configCall struct {
 
 // NewTopicConfigs returns a cache that asks the cluster through cl (any
 // client of the cluster: it issues admin requests only) and trusts a
-// topic's configuration for ttl (0: DefaultTopicConfigTTL).
+// topic's configuration for ttl (0: DefaultTopicConfigTTL), and the answer
+// "no such topic" for DefaultUnknownTopicConfigTTL (see WithUnknownTTL).
 func NewTopicConfigs(cl *kgo.Client, ttl time.Duration) *TopicConfigs {
 	if ttl <= 0 {
 		ttl = DefaultTopicConfigTTL
 	}
 	return &TopicConfigs{cl: cl, ttl: ttl, unknown: DefaultUnknownTopicConfigTTL,
 		m: map[string]cachedConfig{}, inflight: map[string]*configCall{}}
+}
+
+// WithUnknownTTL sets how long "no such topic" is trusted (0: not at all,
+// the cluster is asked again each time) and returns t. A topic just created
+// is unknown to DescribeConfigs for a moment, and its own limits may be
+// lower than the broker's defaults that stand in meanwhile.
+func (t *TopicConfigs) WithUnknownTTL(d time.Duration) *TopicConfigs {
+	t.unknown = d
+	return t
 }
 
 // Requests returns how many times the cache asked the cluster (one
@@ -214,7 +224,7 @@ func (t *TopicConfigs) describe(ctx context.Context, topics []string, b *configB
 			} else {
 				r.Err = fmt.Errorf("reading the configuration of topic %s: %w", topic, r.Err)
 			}
-		} else {
+		} else if r.Config.Exists || t.unknown > 0 {
 			t.m[topic] = cachedConfig{c: r.Config, at: now}
 		}
 		call.c, call.err = r.Config, r.Err

@@ -110,6 +110,9 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	}
 	dst := filepath.Join(s.dir, filepath.FromSlash(key))
 	dir := filepath.Dir(dst)
+	if err := s.noSymlinks(dir, key[:strings.LastIndexByte(key, '/')]); err != nil {
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fail(err)
 	}
@@ -166,14 +169,37 @@ func (s *FileStore) file(fullPath, op string) (string, error) {
 	if !inside(s.dir, name) {
 		return "", &Error{Op: op, Path: fullPath, Err: ErrInvalidPath}
 	}
-	// A symbolic link inside the store must not lead a reader outside it.
-	if real, err := filepath.EvalSymlinks(name); err == nil {
-		realDir, derr := filepath.EvalSymlinks(s.dir)
-		if derr != nil || !inside(realDir, real) {
-			return "", &Error{Op: op, Path: fullPath, Err: fmt.Errorf("%w: a symbolic link leads outside the store", ErrInvalidPath)}
-		}
+	// A symbolic link inside the store must lead nowhere else: not
+	// outside it, and not to another topic's folder (which would defeat
+	// the binding of references to their topic).
+	if err := s.noSymlinks(name, key); err != nil {
+		return "", &Error{Op: op, Path: fullPath, Err: err}
 	}
 	return name, nil
+}
+
+// noSymlinks checks that name, the file of key (or a folder on its way),
+// resolves to exactly the store's directory joined with key: no symbolic
+// link anywhere below the store's directory. A name that does not exist
+// (yet) is checked up to its deepest existing folder.
+func (s *FileStore) noSymlinks(name, key string) error {
+	realDir, err := filepath.EvalSymlinks(s.dir)
+	if err != nil {
+		return fmt.Errorf("%w: the store's directory: %v", ErrInvalidPath, err)
+	}
+	for {
+		real, err := filepath.EvalSymlinks(name)
+		if err == nil {
+			if real != filepath.Join(realDir, filepath.FromSlash(key)) {
+				return fmt.Errorf("%w: a symbolic link in the store leads elsewhere", ErrInvalidPath)
+			}
+			return nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(key, "/") {
+			return nil // nothing of it exists: nothing to follow
+		}
+		name, key = filepath.Dir(name), key[:strings.LastIndexByte(key, '/')]
+	}
 }
 
 func (s *FileStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {

@@ -1406,3 +1406,40 @@ func TestIsContentID(t *testing.T) {
 		}
 	}
 }
+
+// A symbolic link inside a file store leads nowhere: not outside the store
+// (a publish would land there, a download read there), and not from one
+// topic's folder to another's (which would defeat the binding of references
+// to their topic).
+func TestFileStoreSymlinks(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	outside := t.TempDir()
+	s, err := payloadstore.NewFileStore(filepath.Join(dir, "store"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := payloadstore.PublishBytes(ctx, s, "a", []byte("topic a's payload"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "store", "a"), filepath.Join(dir, "store", "alias")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "store", "out")); err != nil {
+		t.Fatal(err)
+	}
+	aliased := strings.Replace(resp.FullPayloadPath, "/a/", "/alias/", 1)
+	if _, err := payloadstore.DownloadBytes(ctx, s, aliased); !errors.Is(err, payloadstore.ErrInvalidPath) {
+		t.Fatalf("download through a topic alias: %v, want ErrInvalidPath", err)
+	}
+	if _, err := payloadstore.PublishBytes(ctx, s, "out", []byte("x")); !errors.Is(err, payloadstore.ErrInvalidPath) {
+		t.Fatalf("publish into a folder linked outside the store: %v, want ErrInvalidPath", err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Fatalf("the publish wrote %d entries outside the store", len(entries))
+	}
+	if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || string(got) != "topic a's payload" {
+		t.Fatalf("the real path: %q, %v", got, err)
+	}
+}

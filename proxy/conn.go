@@ -338,14 +338,24 @@ func (c *conn) wantsResponse(key, version int16) bool {
 // budget first (a client that stalls mid-frame holds only what it sent);
 // release gives it back.
 func (c *conn) readWhole(size int32) ([]byte, func(), error) {
+	if 4+int(size) <= readerSize {
+		// A small frame: within the connection's own allowance (its
+		// read buffer), so a full budget never stops ApiVersions, SASL
+		// or small requests.
+		frame, err := readFrame(c.cr, c.s.cfg.MaxRequestBytes, nil)
+		return frame, func() {}, err
+	}
 	var charged int64
 	release := func() { c.s.mem.Give(charged) }
 	frame, err := readFrameCharged(c.cr, c.s.cfg.MaxRequestBytes, func(n int64) error {
-		if err := c.s.mem.Take(c.ctx, n); err != nil {
+		if err := c.s.mem.TakeUnqueued(c.ctx, n); err != nil {
 			return err
 		}
 		charged += n
 		return nil
+	}, func(n int64) {
+		c.s.mem.Give(n)
+		charged -= n
 	})
 	if err != nil {
 		release()
@@ -666,11 +676,14 @@ func (c *conn) answer(f *inflight) bool {
 	var charged int64
 	defer func() { c.s.mem.Give(charged) }()
 	frame, err := readFrameCharged(c.ur, c.s.cfg.MaxResponseBytes, func(n int64) error {
-		if err := c.s.mem.Take(c.ctx, n); err != nil {
+		if err := c.s.mem.TakeUnqueued(c.ctx, n); err != nil {
 			return err
 		}
 		charged += n
 		return nil
+	}, func(n int64) {
+		c.s.mem.Give(n)
+		charged -= n
 	})
 	if err != nil {
 		if !c.closed() {

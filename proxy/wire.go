@@ -85,24 +85,32 @@ func readFrame(r *bufio.Reader, max int32, buf []byte) ([]byte, error) {
 		}
 		return frame, nil
 	}
-	return readFrameCharged(r, max, nil)
+	return readFrameCharged(r, max, nil, nil)
 }
 
 // readFrameCharged is ReadFrame calling charge(n) before each growth of
-// its buffer by n bytes (nil: no charge); charge's error ends the read.
-func readFrameCharged(r *bufio.Reader, max int32, charge func(int64) error) ([]byte, error) {
+// its buffer to n bytes, and give(old) once the old buffer is copied (nil:
+// no charge): the charge follows the real peak. charge's error ends the
+// read; what was charged stays charged (the caller gives it back).
+func readFrameCharged(r *bufio.Reader, max int32, charge func(int64) error, give func(int64)) ([]byte, error) {
 	size, err := peekSize(r, max)
 	if err != nil {
 		return nil, err
 	}
 	n := 4 + int(size)
 	grow := func(frame []byte, by int) ([]byte, error) {
+		newCap := cap(frame) + by
 		if charge != nil {
-			if err := charge(int64(by)); err != nil {
+			if err := charge(int64(newCap)); err != nil {
 				return nil, err
 			}
 		}
-		return append(frame[:cap(frame)], make([]byte, by)...)[:len(frame)], nil
+		nb := make([]byte, len(frame), newCap)
+		copy(nb, frame)
+		if give != nil {
+			give(int64(cap(frame)))
+		}
+		return nb, nil
 	}
 	frame, err := grow(nil, min(n, frameStep))
 	if err != nil {
