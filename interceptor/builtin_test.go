@@ -444,3 +444,16 @@ func TestInterceptorPanicContained(t *testing.T) {
 		t.Fatalf("the healthy partition was not forwarded: %+v", req.Topics)
 	}
 }
+
+// A partition whose record set is null or empty is forwarded as it is:
+// the broker answers it (it is not "every record skipped").
+func TestEmptyRecordSetForwarded(t *testing.T) {
+	ch := NewChain([]Instance{{Produce: icpt(t, "any", ".*", func(context.Context, *Record) error { return nil })}}, Options{})
+	for _, recs := range [][]byte{nil, {}} {
+		req := buildRequest(t, map[string][]byte{"t": recs})
+		out := ch.InterceptProduce(context.Background(), req, nil)
+		if len(out.Answered) != 0 || !out.Forward || len(req.Topics) != 1 {
+			t.Fatalf("records %v: answered %+v, forward %v", recs, out.Answered, out.Forward)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -47,6 +48,7 @@ type interception struct {
 	unknown map[[16]byte]time.Time // ids the cluster did not name, and when
 	lookup  *nameLookup            // the Metadata request in flight, if any
 	learnt  time.Time              // when the last Metadata request ended
+	lookups atomic.Int64           // Metadata requests made to name topic ids
 	logged  map[string]time.Time   // last warning per topic/partition
 }
 
@@ -217,6 +219,7 @@ func (ic *interception) refreshNames(l *nameLookup) {
 		ic.mu.Unlock()
 		close(l.done)
 	}()
+	ic.lookups.Add(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	md, err := kadm.NewClient(ic.admin).Metadata(ctx)
