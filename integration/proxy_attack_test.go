@@ -10,12 +10,14 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -28,7 +30,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
+	"github.com/pierrec/lz4/v4"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -71,7 +76,7 @@ func startFerryProxy(t *testing.T, bin, yaml string, env ...string) *ferryProxy 
 	if err := os.WriteFile(cfgFile, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "proxy", "--config", cfgFile, "--log-level", "warn")
+	cmd := exec.Command(bin, "proxy", "--config", cfgFile, "--log-level", cmp.Or(os.Getenv("FERRY_TEST_PROXY_LOG_LEVEL"), "warn"))
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -93,6 +98,9 @@ func startFerryProxy(t *testing.T, bin, yaml string, env ...string) *ferryProxy 
 		}
 		if t.Failed() {
 			t.Logf("proxy stderr (last 4 KiB):\n%s", tail([]byte(p.stderr.String())))
+		}
+		if f := os.Getenv("FERRY_TEST_PROXY_LOG"); f != "" { // all of it, for debugging
+			_ = os.WriteFile(f, []byte(p.stderr.String()), 0o644)
 		}
 	})
 	sc := bufio.NewScanner(out)
@@ -326,7 +334,11 @@ interceptors:
 				t.Logf("canary produce: %v", err)
 				canaryErrs.Add(1)
 			} else if fs := cl.PollRecords(cctx, 1); fs.Err0() != nil || len(fs.Records()) == 0 || !bytes.Equal(fs.Records()[0].Value, v) {
-				t.Logf("canary consume: %v", fs.Err0())
+				got := "no record"
+				if rs := fs.Records(); len(rs) > 0 {
+					got = fmt.Sprintf("%q at offset %d", rs[0].Value, rs[0].Offset)
+				}
+				t.Logf("canary consume: %v: got %s, want %q", fs.Err0(), got, v)
 				canaryErrs.Add(1)
 			} else {
 				canaryOK.Add(1)
@@ -533,6 +545,192 @@ interceptors:
 		}
 	})
 
+	// From the break review: requests whose decoded form is many times
+	// their bytes (2-byte topics, 2-byte headers), every codec's bomb, a
+	// KIP-only reference to a large object, large fetches at once, stalled
+	// frames, made-up topic ids, lying headers, clients gone mid-produce,
+	// a topic that recompresses.
+	run("Fetch and Produce requests of a million empty topics", func(t *testing.T) {
+		for _, key := range []int16{1, 0} {
+			c := rawConn(t, p.bootstrap)
+			if _, err := c.Write(manyTopics(key, 1_500_000)); err != nil {
+				t.Fatal(err)
+			}
+			_, _ = readRawFrame(c) // an answer or the connection closed: either is fine
+		}
+	})
+
+	run("30 million headers in 600 KB of zstd", func(t *testing.T) {
+		bomb := rawBatch(headerBomb(t, 30_000_000), 4, 1)
+		t.Logf("header bomb batch: %d bytes", len(bomb))
+		codes := rawProduce(t, attacker(t), map[string][]byte{lmA: bomb}, nil)
+		if c := codes[lmA]; c == 0 {
+			t.Fatal("30 million headers were accepted")
+		}
+	})
+
+	run("bombs of every codec", func(t *testing.T) {
+		for _, tc := range []struct {
+			name  string
+			codec int16
+			recs  []byte
+		}{
+			{"gzip", 1, gzipBomb(t, 200<<20)},
+			{"snappy", 2, snappyBomb(t, false)},
+			{"snappy (xerial)", 2, snappyBomb(t, true)},
+			{"lz4", 3, lz4Bomb(t, 200<<20)},
+		} {
+			b := rawBatch(tc.recs, tc.codec, 1)
+			if c := rawProduce(t, attacker(t), map[string][]byte{lmA: b}, nil)[lmA]; c != kerr.MessageTooLarge.Code && c != kerr.RequestTimedOut.Code {
+				t.Fatalf("%s bomb (%d bytes): error code %d", tc.name, len(b), c)
+			}
+		}
+	})
+
+	big := make([]byte, 40<<20)
+	_, _ = rand.Read(big)
+	var bigRec *kgo.Record // as stored: a reference
+	run("references without size headers to a 40 MiB object", func(t *testing.T) {
+		cl := attacker(t, kgo.ProducerBatchMaxBytes(48<<20))
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: lmB, Value: big}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		bigRec = consumeRaw(t, lmB, 1)[0]
+		// Written straight to the broker (not through the proxy, which
+		// would add the headers), twelve times, without Ferry's headers.
+		var recs []*kgo.Record
+		for range 12 {
+			recs = append(recs, &kgo.Record{Topic: lmB, Value: bigRec.Value,
+				Headers: []kgo.RecordHeader{{Key: largemessage.HeaderLargeMessage, Value: []byte("true")}}})
+		}
+		if err := client(t).ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		fetchAll(t, attacker(t, kgo.BrokerMaxReadBytes(1<<30)), lmB, 1, 2_000_000_000)
+	})
+
+	run("four 40 MiB fetches at once", func(t *testing.T) {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fetchAll(t, attacker(t, kgo.BrokerMaxReadBytes(1<<30)), lmB, 0, 200<<20)
+			}()
+		}
+		wg.Wait()
+	})
+
+	run("stalled frames hold no one else back", func(t *testing.T) {
+		for range 3 {
+			c := rawConn(t, p.bootstrap)
+			// The start of a 60 MiB Produce request, then nothing.
+			frame := make([]byte, 30<<20)
+			binary.BigEndian.PutUint32(frame, 60<<20)
+			copy(frame[4:], []byte{0, 0, 0, 9, 0, 0, 0, 1, 0, 1, 'x', 0})
+			// The proxy may stop reading a frame the budget has no room
+			// for yet (it waits): a write that times out is fine.
+			_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Write(frame); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal(err)
+			}
+		}
+		// A new client still gets through (and the canary all along).
+		cl := attacker(t)
+		if err := cl.ProduceSync(ctxT(t, 20*time.Second), &kgo.Record{Topic: lmA, Value: []byte("beside stalled frames")}).FirstErr(); err != nil {
+			t.Fatalf("a client beside three stalled 60 MiB frames: %v", err)
+		}
+	})
+
+	run("Produce v13 with 3000 made-up topic ids", func(t *testing.T) {
+		before := p.metric(t, "ferry_proxy_topic_id_lookups_total")
+		ids := map[[16]byte][]byte{}
+		for range 3000 {
+			var id [16]byte
+			_, _ = rand.Read(id[:])
+			ids[id] = rawBatch(mustRecords(t, []byte("x")), 0, 1)
+		}
+		rawProduce(t, attacker(t), nil, ids)
+		if n := p.metric(t, "ferry_proxy_topic_id_lookups_total") - before; n > 2 {
+			t.Fatalf("3000 made-up ids cost %v Metadata requests", n)
+		}
+	})
+
+	run("a reference whose headers lie is stored with the object's", func(t *testing.T) {
+		if bigRec == nil {
+			t.Skip("needs the 40 MiB object")
+		}
+		hs := []kgo.RecordHeader{{Key: largemessage.HeaderLargeMessage, Value: []byte("true")},
+			{Key: largemessage.HeaderPayloadSize, Value: []byte("2097152")},
+			{Key: largemessage.HeaderPayloadSHA256, Value: []byte(strings.Repeat("ab", 32))}}
+		if err := attacker(t).ProduceSync(ctx, &kgo.Record{Topic: lmB, Value: bigRec.Value, Headers: hs}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		raw := consumeRaw(t, lmB, 14) // one through the proxy, twelve straight, this one
+		last := raw[len(raw)-1]
+		for _, h := range last.Headers {
+			if h.Key == largemessage.HeaderPayloadSize && string(h.Value) != strconv.Itoa(len(big)) {
+				t.Fatalf("stored size header %s, the object has %d bytes", h.Value, len(big))
+			}
+		}
+	})
+
+	run("clients gone mid-produce leave no unreferenced object", func(t *testing.T) {
+		topic := namedTopic(t, "atk-lm-gone-"+suffix, nil)
+		for i := range 20 {
+			c := rawConn(t, p.bootstrap)
+			req := kmsg.NewPtrProduceRequest()
+			req.Version, req.Acks, req.TimeoutMillis = 9, -1, 10000
+			rt := kmsg.NewProduceRequestTopic()
+			rt.Topic = topic
+			rp := kmsg.NewProduceRequestTopicPartition()
+			var recs []byte
+			for j := range 3 {
+				recs = append(recs, rawRecordAt(bytes.Repeat([]byte{byte(i), byte(j)}, 1<<20+j), int32(j))...)
+			}
+			rp.Records = rawBatch(recs, 0, 3)
+			rt.Partitions = append(rt.Partitions, rp)
+			req.Topics = append(req.Topics, rt)
+			if _, err := c.Write(requestFrameOf(req, 1)); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Duration(i*15) * time.Millisecond)
+			c.Close()
+		}
+		time.Sleep(3 * time.Second) // abandoned work ends and is undone
+		referenced := map[string]bool{}
+		for _, r := range consumeAll(t, topic) {
+			if largemessage.IsOffloaded(r) {
+				ref, err := largemessage.DecodeReference(r.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				referenced[filepath.Base(ref.FullPayloadPath)] = true
+			}
+		}
+		n := 0
+		_ = filepath.Walk(filepath.Join(storeDir, topic), func(path string, info os.FileInfo, err error) error {
+			if err == nil && info.Mode().IsRegular() && !strings.HasPrefix(info.Name(), ".") {
+				n++
+				if !referenced[info.Name()] {
+					t.Errorf("object %s is referenced by no record", info.Name())
+				}
+			}
+			return nil
+		})
+		t.Logf("%d objects, %d referenced", n, len(referenced))
+	})
+
+	run("a topic whose compression.type makes the broker recompress", func(t *testing.T) {
+		gz := "gzip"
+		topic := namedTopic(t, "atk-lm-gz-"+suffix, map[string]*string{"compression.type": &gz})
+		v := make([]byte, 1_048_400)
+		_, _ = rand.Read(v)
+		if err := attacker(t, kgo.ProducerBatchCompression(kgo.NoCompression())).ProduceSync(ctx, &kgo.Record{Topic: topic, Value: v}).FirstErr(); err != nil {
+			t.Fatalf("1,048,400 random bytes to a gzip topic through the proxy: %v", err)
+		}
+	})
+
 	close(stop)
 	<-canaryDone
 	if canaryErrs.Load() != 0 || canaryOK.Load() == 0 {
@@ -549,7 +747,182 @@ interceptors:
 // mustRecords is an uncompressed records section of one record.
 func mustRecords(t *testing.T, value []byte) []byte {
 	t.Helper()
-	r := kmsg.Record{Value: value, Headers: []kmsg.Header{}}
+	return rawRecordAt(value, 0)
+}
+
+// rawRecordAt is one uncompressed record of value at offset delta d in its
+// batch.
+func rawRecordAt(value []byte, d int32) []byte {
+	r := kmsg.Record{OffsetDelta: d, Value: value, Headers: []kmsg.Header{}}
 	body := r.AppendTo(nil)[1:] // without the zero length
 	return append(binary.AppendVarint(nil, int64(len(body))), body...)
+}
+
+// manyTopics is a whole request frame (key 1: Fetch v12, 0: Produce v9)
+// naming n topics of one letter with no partitions: 4 bytes a topic.
+func manyTopics(key int16, n int) []byte {
+	b := make([]byte, 4, 64+4*n)
+	b = binary.BigEndian.AppendUint16(b, uint16(key))
+	v := uint16(12)
+	if key == 0 {
+		v = 9
+	}
+	b = binary.BigEndian.AppendUint16(b, v)
+	b = binary.BigEndian.AppendUint32(b, 1) // correlation id
+	b = binary.BigEndian.AppendUint16(b, 1) // client id
+	b = append(b, 'a', 0)                   // client id, header tags
+	if key == 1 {
+		b = binary.BigEndian.AppendUint32(b, 0xffffffff) // replica id
+		b = binary.BigEndian.AppendUint32(b, 100)        // max wait
+		b = binary.BigEndian.AppendUint32(b, 1)          // min bytes
+		b = binary.BigEndian.AppendUint32(b, 1<<20)      // max bytes
+		b = append(b, 0)                                 // isolation
+		b = binary.BigEndian.AppendUint32(b, 0)          // session id
+		b = binary.BigEndian.AppendUint32(b, 0xffffffff) // session epoch
+	} else {
+		b = append(b, 0)                         // transactional id: null
+		b = binary.BigEndian.AppendUint16(b, 1)  // acks
+		b = binary.BigEndian.AppendUint32(b, 10) // timeout
+	}
+	b = binary.AppendUvarint(b, uint64(n)+1)
+	for range n {
+		b = append(b, 2, 'x', 1, 0) // name "x", no partitions, no tags
+	}
+	if key == 1 {
+		b = append(b, 1, 1) // no forgotten topics, rack ""
+	}
+	b = append(b, 0) // tags
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	return b
+}
+
+// headerBomb is a records section of one record with n headers of an empty
+// key and a null value (2 bytes each), zstd-compressed.
+func headerBomb(t *testing.T, n int) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	enc, err := zstd.NewWriter(&out, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := 1 + 1 + 1 + 1 + 1 + varintLen(int64(n)) + 2*n
+	var rec []byte
+	rec = binary.AppendVarint(rec, int64(body))
+	rec = append(rec, 0, 0, 0)
+	rec = binary.AppendVarint(rec, -1) // key
+	rec = binary.AppendVarint(rec, -1) // value
+	rec = binary.AppendVarint(rec, int64(n))
+	if _, err := enc.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte{0, 1}, 1<<19)
+	for left := 2 * n; left > 0; left -= len(chunk) {
+		if _, err := enc.Write(chunk[:min(len(chunk), left)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
+}
+
+// zeroRecord is the start of a records section of one record whose value
+// is n zero bytes: everything but the value and its trailing header count.
+func zeroRecord(n int64) []byte {
+	body := 1 + 1 + 1 + 1 + varintLen(n) + int(n) + 1
+	var rec []byte
+	rec = binary.AppendVarint(rec, int64(body))
+	rec = append(rec, 0, 0, 0)
+	rec = binary.AppendVarint(rec, -1)
+	return binary.AppendVarint(rec, n)
+}
+
+// streamBomb writes a record of n zero bytes through w.
+func streamBomb(t *testing.T, w io.WriteCloser, n int64) {
+	t.Helper()
+	if _, err := w.Write(zeroRecord(n)); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 1<<20)
+	for left := n; left > 0; left -= int64(len(zero)) {
+		if _, err := w.Write(zero[:min(int64(len(zero)), left)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.Write([]byte{0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func gzipBomb(t *testing.T, n int64) []byte {
+	var out bytes.Buffer
+	w, _ := gzip.NewWriterLevel(&out, gzip.BestCompression)
+	streamBomb(t, w, n)
+	return out.Bytes()
+}
+
+func lz4Bomb(t *testing.T, n int64) []byte {
+	var out bytes.Buffer
+	streamBomb(t, lz4.NewWriter(&out), n)
+	return out.Bytes()
+}
+
+// snappyBomb is a record of 99 MiB of zeros as one raw snappy block, or in
+// xerial framing (32 KiB blocks), as the Java client writes it.
+func snappyBomb(t *testing.T, xerial bool) []byte {
+	t.Helper()
+	n := int64(99 << 20)
+	raw := append(zeroRecord(n), make([]byte, n+1)...)
+	if !xerial {
+		return s2.EncodeSnappy(nil, raw)
+	}
+	out := []byte{0x82, 'S', 'N', 'A', 'P', 'P', 'Y', 0, 0, 0, 0, 1, 0, 0, 0, 1}
+	for len(raw) > 0 {
+		blk := s2.EncodeSnappy(nil, raw[:min(len(raw), 32<<10)])
+		raw = raw[min(len(raw), 32<<10):]
+		out = binary.BigEndian.AppendUint32(out, uint32(len(blk)))
+		out = append(out, blk...)
+	}
+	return out
+}
+
+// fetchAll fetches topic's partition 0 from offset with max bytes through
+// cl, once: an answer (records or an error code) is what counts; the
+// proxy's memory is the test's to check.
+func fetchAll(t *testing.T, cl *kgo.Client, topic string, offset int64, maxBytes int32) {
+	t.Helper()
+	req := kmsg.NewPtrFetchRequest()
+	req.MaxBytes, req.MaxWaitMillis = maxBytes, 100
+	ft := kmsg.NewFetchRequestTopic()
+	ft.Topic = topic
+	fp := kmsg.NewFetchRequestTopicPartition()
+	fp.FetchOffset, fp.PartitionMaxBytes = offset, maxBytes
+	ft.Partitions = append(ft.Partitions, fp)
+	req.Topics = append(req.Topics, ft)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := cl.Request(ctx, &pinned{Request: req, v: 12}); err != nil {
+		t.Logf("fetch: %v", err)
+	}
+}
+
+// consumeAll reads every record of topic from the start (until 5 s pass
+// without one).
+func consumeAll(t *testing.T, topic string) []*kgo.Record {
+	t.Helper()
+	cl := client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var out []*kgo.Record
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		if len(fs.Records()) == 0 {
+			return out
+		}
+		out = append(out, fs.Records()...)
+	}
 }

@@ -457,3 +457,60 @@ func TestEmptyRecordSetForwarded(t *testing.T) {
 		}
 	}
 }
+
+// cancelOnCommit is deferred work whose Commit succeeds while the
+// request's context ends (the client goes away mid-commit).
+type cancelOnCommit struct {
+	cancel  context.CancelFunc
+	aborted *atomic.Int64
+}
+
+func (d cancelOnCommit) Commit(ctx context.Context, _ *Record) error {
+	d.cancel()
+	<-ctx.Done()
+	return nil // the work was done
+}
+
+func (d cancelOnCommit) Abort(context.Context) { d.aborted.Add(1) }
+
+// Work committed while the request's context ended is undone: the chain
+// counts the partition as failed, so nothing it wrote may stay.
+func TestCommitOverCancelledContextIsUndone(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var aborted atomic.Int64
+	ch := NewChain([]Instance{{Produce: icpt(t, "defer", ".*", func(_ context.Context, r *Record) error {
+		r.Defer(cancelOnCommit{cancel: cancel, aborted: &aborted})
+		return nil
+	})}}, Options{})
+	out := ch.InterceptProduce(ctx, buildRequest(t, map[string][]byte{"t": plainBatch(t, 0, -1, "v")}), nil)
+	if out.Forward || len(out.Answered) != 1 {
+		t.Fatalf("forward %v, answered %+v: want the partition answered", out.Forward, out.Answered)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for aborted.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if aborted.Load() != 1 {
+		t.Fatalf("Abort called %d times after a Commit that ended with its context, want 1", aborted.Load())
+	}
+}
+
+// encodedLen is computed, not encoded: it must agree with kmsg's encoding
+// for every shape of record.
+func TestEncodedLenMatchesEncoding(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 1<<21)
+	for _, r := range []kmsg.Record{
+		{},
+		{Key: []byte{}, Value: []byte{}},
+		{TimestampDelta64: -1, OffsetDelta: 1 << 30, Key: []byte("k"), Value: big},
+		{TimestampDelta64: 1 << 40, Value: big[:300], Headers: []kmsg.Header{{Key: "", Value: nil}, {Key: strings.Repeat("h", 200), Value: big[:70000]}}},
+		{Attributes: 1, OffsetDelta: -5, Headers: make([]kmsg.Header, 1000)},
+	} {
+		enc := r.AppendTo(nil)
+		want := len(enc) - 1 // without the zero length kmsg writes first
+		want += len(binary.AppendVarint(nil, int64(want)))
+		if got := encodedLen(&r); got != want {
+			t.Errorf("encodedLen %d, encoding %d bytes", got, want)
+		}
+	}
+}

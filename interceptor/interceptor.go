@@ -71,9 +71,12 @@ type Deferred interface {
 	// store's custom metadata); the chain then measures the batch again.
 	// On error, Commit has undone its own partial work.
 	Commit(ctx context.Context, r *Record) error
-	// Abort undoes a successful Commit (deletes what it wrote, where no
-	// other record can share it). It is called when a later step fails,
-	// or when the broker refuses the batch for good.
+	// Abort undoes Commit (deletes what it wrote, where no other record
+	// can share it). It is called when a later step fails, when the
+	// broker refuses the batch for good, and also after a Commit whose
+	// call the chain counts as failed although Commit returned nil (its
+	// context ended meanwhile): Abort must be safe after any Commit, and
+	// more than once, and must not depend on ctx being live.
 	Abort(ctx context.Context)
 }
 

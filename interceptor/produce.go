@@ -8,7 +8,6 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -322,7 +321,7 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, works []*batchWork, lim TopicLimit) (done []Deferred, reencoded bool, _ *failure) {
 	abort := func(f *failure) ([]Deferred, bool, *failure) {
 		for _, d := range done {
-			d.Abort(ctx)
+			d.Abort(context.WithoutCancel(ctx))
 		}
 		return nil, false, f
 	}
@@ -339,6 +338,9 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 			for _, d := range bw.deferred[i] {
 				err := c.call(ctx, w, proc{name: d.name, call: d.d.Commit}, i, &r)
 				if err != nil {
+					// A Commit that ended well after its context did
+					// is a failure too: its work is undone with the rest.
+					done = append(done, d.d)
 					msg := fmt.Sprintf("interceptor %s failed record %d: %v", d.name, i, err)
 					return abort(&failure{code: codeOf(err, kerr.KafkaStorageError.Code), msg: msg, err: err,
 						records: []kmsg.ProduceResponseTopicPartitionErrorRecord{recordError(i, msg)}})
@@ -485,12 +487,10 @@ func renumber(h *kmsg.RecordBatch, recs []kmsg.Record) {
 	h.LastOffsetDelta = int32(len(recs) - 1)
 }
 
-// encodedLen is a record's length inside a batch's records section.
-func encodedLen(r *kmsg.Record) int {
-	r.Length = 0
-	n := len(r.AppendTo(nil)) - 1
-	return n + kbin.VarintLen(int32(n))
-}
+// encodedLen is a record's length inside a batch's records section,
+// computed (not encoded: the record may hold a resolved payload of any
+// size).
+func encodedLen(r *kmsg.Record) int { return int(recordWireLen(r)) }
 
 // shrink asks the shrinkers to make records smaller, those that gain most
 // first, until the batch fits maxBytes or no record gains; a shrink that
@@ -621,6 +621,7 @@ var notAppended = map[int16]bool{
 // ids), so retries leave nothing behind. It returns how many partitions
 // were undone.
 func (o ProduceOutcome) Refused(ctx context.Context, resp *kmsg.ProduceResponse) int {
+	ctx = context.WithoutCancel(ctx) // undoing goes on when the client has gone
 	n := 0
 	for _, t := range resp.Topics {
 		for _, p := range t.Partitions {
@@ -643,6 +644,7 @@ func (o ProduceOutcome) Refused(ctx context.Context, resp *kmsg.ProduceResponse)
 // AbortAll undoes the deferred work of every forwarded partition: the
 // request never reached the broker (its client went away).
 func (o ProduceOutcome) AbortAll(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	for k, ds := range o.committed {
 		for _, d := range ds {
 			d.Abort(ctx)

@@ -99,7 +99,9 @@ func (d *Deserializer) Resolve(ctx context.Context, rec *kgo.Record) error {
 // ResolveBounded is Resolve reading at most maxBytes of payload for a side
 // without a size header (a KIP-only producer's reference); more fails with
 // a *RecordError wrapping ErrSizeMismatch. Sides with a size header are
-// bounded by it already.
+// bounded by it already. Each side's buffer is allocated once, up to
+// maxBytes at a time (the proxy passes what it reserved in its memory
+// budget).
 func (d *Deserializer) ResolveBounded(ctx context.Context, rec *kgo.Record, maxBytes int64) error {
 	return d.resolve(ctx, rec, maxBytes, keySide, valueSide)
 }
@@ -137,11 +139,18 @@ func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, maxBytes in
 			}}
 		}
 		if err == nil {
-			if size > 0 {
-				// The header is untrusted: bound what it makes us allocate
-				// up front. MinRead spare keeps ReadFrom from regrowing
-				// the full buffer just to see EOF.
-				buf.Grow(int(min(size, maxPrealloc)) + bytes.MinRead)
+			// The buffer is allocated once, at its final size, where that
+			// is known: from the size header (untrusted: up to
+			// maxPrealloc, or up to maxBytes, which the caller has
+			// accounted for) or, without one, maxBytes itself. MinRead
+			// spare keeps ReadFrom from regrowing the full buffer just to
+			// see EOF.
+			pre := size
+			if size < 0 {
+				pre = maxBytes
+			}
+			if pre > 0 {
+				buf.Grow(int(min(pre, max(maxPrealloc, maxBytes))) + bytes.MinRead)
 			}
 			_, err = io.Copy(&buf, rc)
 			rc.Close()

@@ -359,6 +359,12 @@ func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
 	for _, sp := range p.sides {
 		resp, err := p.s.store.Publish(ctx, p.rec.Topic, sp.p)
 		if err != nil {
+			// A failed publish may still have written the object (a
+			// cancelled call, a lost answer): its path was chosen before,
+			// so it goes too.
+			if sp.path != "" {
+				p.published = append(p.published, sp.path)
+			}
 			p.Abort(ctx)
 			return false, fmt.Errorf("topic %s: offloading the %s (%d bytes): %w", p.rec.Topic, sp.sd.name, sp.p.Size, err)
 		}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/interceptor"
 )
@@ -74,4 +76,48 @@ func TestClientGoneCancelsInterception(t *testing.T) {
 		t.Fatal("the interceptor's call was not cancelled when its client went away")
 	}
 	t.Logf("cancelled %v after the client closed (time budget: 1m)", time.Since(start).Round(time.Millisecond))
+}
+
+// A broker that closes the connection instead of answering leaves nothing
+// of the budget held: the memory charged for each queued Fetch request's
+// limits comes back when the connection closes.
+func TestUpstreamCloseGivesBackMemory(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "red"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var fetches atomic.Int64
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		fetches.Add(1)
+		return nil, errors.New("closing"), true
+	})
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+		Interceptors: []interceptor.Spec{{Name: "redact", Config: map[string]string{"topic.pattern": "red", "redact.fields": "a", "side": "fetch"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ConsumeTopics("red"), kgo.RequestRetries(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	cl.PollFetches(ctx)
+	cancel()
+	if fetches.Load() == 0 {
+		t.Fatal("no Fetch request reached the broker")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.mem.InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of proxy.memory.max.bytes still held after %d Fetch requests met a closed connection", n, fetches.Load())
+	}
 }

@@ -48,7 +48,8 @@ type inflight struct {
 	// intercepted, or watched); otherwise it streams through.
 	decode bool
 	// release gives back memory held until the response is written
-	// (the decoded Fetch request's limits); nil: none.
+	// (the decoded Fetch request's limits); nil: none. Set before the
+	// request is queued; safe to call more than once.
 	release func()
 	// newSession: the state of the fetch session the request opens
 	// (epoch 0), bound to the id its response gives.
@@ -399,7 +400,9 @@ func (c *conn) handleWhole(frame []byte) bool {
 			if !ok {
 				return false
 			}
-			f.release = release // the limits live until the response is written
+			// The limits live until the response is written or the
+			// connection closes (reader and writer may both give back).
+			f.release = sync.OnceFunc(release)
 			// A request that does not decode goes on: the broker answers it.
 			if req, err := decodeFetch(h.Version, frame[4+h.Len:]); err == nil {
 				f.fetchLimits, f.newSession = c.sessions.limits(req)
@@ -471,9 +474,14 @@ func (f *inflight) abandon(ctx context.Context) {
 	if f.produce != nil {
 		f.produce.AbortAll(context.WithoutCancel(ctx))
 	}
-	if f.release != nil {
+	f.drop()
+}
+
+// drop gives back the memory f holds. Its interceptor work stays: a
+// forwarded Produce request may have been appended.
+func (f *inflight) drop() {
+	if f != nil && f.release != nil {
 		f.release()
-		f.release = nil
 	}
 }
 
@@ -565,7 +573,16 @@ func (c *conn) watchUpstream(req <-chan struct{}, res chan<- error) {
 // writeLoop answers queued requests in order: each queued request takes the
 // next frame from the broker (Kafka answers in order on a connection).
 func (c *conn) writeLoop() {
-	defer c.close()
+	var f *inflight // the request being answered
+	defer func() {
+		c.close()
+		// Requests that will not be answered give back what they hold;
+		// the reader closes pending once it has stopped.
+		f.drop()
+		for g := range c.pending {
+			g.drop()
+		}
+	}()
 	ready := c.upReady // nil once the upstream is watched
 	var req chan struct{}
 	res := make(chan error, 1)
@@ -588,7 +605,7 @@ func (c *conn) writeLoop() {
 		if ready == nil && !watch() {
 			return
 		}
-		var f *inflight
+		f = nil
 		select {
 		case g, ok := <-c.pending:
 			if !ok {
@@ -729,10 +746,7 @@ func (c *conn) setWriteDeadline() {
 
 // answered accounts for a response written.
 func (c *conn) answered(f *inflight, n int64) {
-	if f.release != nil {
-		f.release()
-		f.release = nil
-	}
+	f.drop()
 	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())
