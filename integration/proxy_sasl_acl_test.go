@@ -145,6 +145,12 @@ func TestProxySASLAndACLs(t *testing.T) {
 		handshake := kmsg.NewPtrSASLHandshakeRequest()
 		handshake.Version = 1
 		handshake.Mechanism = "PLAIN"
+		scramHandshake := kmsg.NewPtrSASLHandshakeRequest()
+		scramHandshake.Version = 1
+		scramHandshake.Mechanism = "SCRAM-SHA-256"
+		scramFirst := kmsg.NewPtrSASLAuthenticateRequest()
+		scramFirst.Version = 2
+		scramFirst.SASLAuthBytes = []byte("n,,n=alice,r=fyko+d2lbbFgONRv9qkxdawL")
 		auth := func(user, pass string) *kmsg.SASLAuthenticateRequest {
 			a := kmsg.NewPtrSASLAuthenticateRequest()
 			a.Version = 2
@@ -158,6 +164,9 @@ func TestProxySASLAndACLs(t *testing.T) {
 			{"no SASL at all", [][]byte{produce(1)}},
 			{"a wrong password, pipelined", [][]byte{requestFrameOf(handshake, 1), requestFrameOf(auth("bob", "nope"), 2), produce(3)}},
 			{"a handshake only", [][]byte{requestFrameOf(handshake, 1), produce(2)}},
+			// The broker answers SCRAM's first step (the client-first
+			// message) without error, before any password was proven.
+			{"SCRAM's first step only", [][]byte{requestFrameOf(scramHandshake, 1), requestFrameOf(scramFirst, 2), produce(3)}},
 		} {
 			c := rawConn(t, s.Addr())
 			var all []byte

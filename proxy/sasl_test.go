@@ -1,0 +1,116 @@
+package proxy
+
+import (
+	"context"
+	"encoding/binary"
+	"hash/crc32"
+	"net"
+	"regexp"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/interceptor"
+)
+
+// counting is a produce interceptor that counts the records it sees.
+type counting struct{ n *atomic.Int64 }
+
+func (c counting) Name() string                 { return "counting" }
+func (c counting) TopicPattern() *regexp.Regexp { return regexp.MustCompile(`.*`) }
+func (c counting) ProcessRecord(context.Context, *interceptor.Record) error {
+	c.n.Add(1)
+	return nil
+}
+
+var countingSeen atomic.Int64
+
+func init() {
+	interceptor.Register("test-counting", func(context.Context, map[string]string) (interceptor.Instance, error) {
+		return interceptor.Instance{Produce: counting{&countingSeen}}, nil
+	})
+}
+
+// produceFrame is a Produce v9 request frame of one record to topic.
+func produceFrame(t *testing.T, topic string) []byte {
+	t.Helper()
+	rec := kmsg.Record{Value: []byte("v"), Headers: []kmsg.Header{}}
+	body := rec.AppendTo(nil)[1:]
+	recs := append(binary.AppendVarint(nil, int64(len(body))), body...)
+	b := kmsg.RecordBatch{Magic: 2, LastOffsetDelta: 0, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1,
+		NumRecords: 1, Records: recs, Length: int32(49 + len(recs))}
+	req := kmsg.NewPtrProduceRequest()
+	req.Version, req.Acks, req.TimeoutMillis = 9, 1, 1000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = b.AppendTo(nil)
+	binary.BigEndian.PutUint32(rp.Records[17:], crc32.Checksum(rp.Records[21:], crc32.MakeTable(crc32.Castagnoli)))
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	return kmsg.NewRequestFormatter(kmsg.FormatterClientID("t")).AppendRequest(nil, req, 1)
+}
+
+// An upstream the proxy could not reach at start, which turns out to close
+// unauthenticated connections (a SASL listener) when it comes up, gets no
+// interception for an unauthenticated client: while the upstream is
+// unreachable the proxy fails closed, and its first probe finds the SASL
+// listener.
+func TestLateSASLUpstreamFailsClosed(t *testing.T) {
+	hold, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := hold.Addr().String()
+	hold.Close() // nothing listens there yet
+	s, err := New(Config{Upstream: []string{addr}, Listen: "127.0.0.1:0", DialTimeout: time.Second,
+		Interceptors: []interceptor.Spec{{Name: "test-counting"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	send := func() {
+		c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(produceFrame(t, "any")); err != nil {
+			t.Fatal(err)
+		}
+		var b [1]byte
+		_, _ = c.Read(b[:]) // the connection closes, no answer
+	}
+	send() // upstream unreachable: fail closed
+	if n := countingSeen.Load(); n != 0 {
+		t.Fatalf("the interceptor saw %d records while the upstream could not be asked", n)
+	}
+	// Now a "SASL listener": it closes every connection unanswered.
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("the port was taken meanwhile: %v", err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	send()
+	if n := countingSeen.Load(); n != 0 {
+		t.Fatalf("the interceptor saw %d records from an unauthenticated client of a SASL upstream", n)
+	}
+	if !s.saslKnown.Load() || !s.saslUpstream.Load() {
+		t.Fatalf("the probe did not conclude the upstream requires SASL (known %v, sasl %v)", s.saslKnown.Load(), s.saslUpstream.Load())
+	}
+}
