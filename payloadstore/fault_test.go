@@ -233,7 +233,15 @@ func TestS3DownDuringDownload(t *testing.T) {
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("download after the server came back: %v", err)
 	}
-	missing := strings.TrimSuffix(resp.FullPayloadPath, "/"+resp.FullPayloadPath[strings.LastIndex(resp.FullPayloadPath, "/")+1:]) + "/" + uuid.NewString()
+	ops, err := payloadstore.Objects(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := payloadstore.ObjectKey("orders", uuid.NewString()) // a well-formed key nothing was published to
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := ops.Root().Path(key)
 	if _, err := payloadstore.DownloadBytes(ctx, s, missing); !errors.Is(err, payloadstore.ErrPayloadNotFound) || payloadstore.IsRetryable(err) {
 		t.Fatalf("download of a missing object: %v, want ErrPayloadNotFound, not retryable", err)
 	}
