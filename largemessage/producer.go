@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"golang.org/x/sync/semaphore"
 
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/ferrykit/ferry/serde"
@@ -28,7 +30,9 @@ import (
 // records in flight so that no batch of records that each fit can exceed
 // max.message.bytes. Should the broker still answer MESSAGE_TOO_LARGE (the
 // topic's limit was lowered since it was read), the Producer forgets the
-// topic's cached limits, offloads the record and produces it once more.
+// topic's cached limits, offloads the record and produces it once more,
+// once the records still in flight from before fit in one batch with it
+// under the new limit.
 type Producer struct {
 	cl        *kgo.Client
 	ser       *Serializer
@@ -41,12 +45,29 @@ type Producer struct {
 	gates map[string]*gate
 }
 
-// gate bounds the batch bytes of one topic's records in flight (buffered
-// in the client or awaiting the broker's answer).
+// gate counts the batch bytes of one topic's records in flight (from the
+// Producer's hand-off to franz-go to the record's promise: buffered in the
+// client or awaiting the broker's answer) and, when franz-go's batch cap is
+// larger than the topic accepts, admits a record only while the bytes in
+// flight stay within one batch the topic accepts. franz-go builds a batch
+// of records in flight only, so no batch is larger. Every record is
+// counted, bounded or not, so that when the topic's limit is lowered the
+// records sent under the old limit are counted against the new one: a
+// record retried after MESSAGE_TOO_LARGE waits for them.
 type gate struct {
-	sem      *semaphore.Weighted
-	capacity int64
-	limits   Limits
+	mu       sync.Mutex
+	inflight int64         // batch bytes admitted and not yet released
+	waiters  []*gateWaiter // FIFO
+	capacity int64         // batch bytes one batch may hold; math.MaxInt64 when franz-go's cap suffices
+	limits   Limits        // the limits capacity was derived from
+	limitsAt uint64        // the generation those limits were read in
+	gen      atomic.Uint64 // bumped when the topic's limits are found stale (MESSAGE_TOO_LARGE)
+	warned   bool
+}
+
+type gateWaiter struct {
+	n     int64
+	ready chan struct{}
 }
 
 // NewProducer returns a Producer over cl. cfg gives the store (opened with
@@ -189,12 +210,13 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 	if promise == nil {
 		promise = func(*kgo.Record, error) {}
 	}
+	gen := p.gate(rec.Topic).gen.Load()
 	l := p.Limits(ctx, rec.Topic)
 	if _, err := p.ser.Offload(ctx, rec, l); err != nil {
 		promise(rec, err)
 		return
 	}
-	p.send(ctx, rec, l, func(r *kgo.Record, err error) {
+	p.send(ctx, rec, l, gen, func(r *kgo.Record, err error) {
 		if !errors.Is(err, kerr.MessageTooLarge) {
 			promise(r, err)
 			return
@@ -204,9 +226,10 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 	})
 }
 
-// send produces rec through the topic's gate.
-func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, promise func(*kgo.Record, error)) {
-	release, err := p.acquire(ctx, rec, l)
+// send produces rec through the topic's gate; l are the limits rec was
+// sized with, read in the gate's generation gen.
+func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, gen uint64, promise func(*kgo.Record, error)) {
+	release, err := p.acquire(ctx, rec, l, gen)
 	if err != nil {
 		promise(rec, err)
 		return
@@ -222,6 +245,9 @@ func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, promise 
 // size) and produced once more. An error that remains names the topic and
 // the limit.
 func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
+	// Limits read before now may be the old ones: they no longer set the
+	// gate's capacity.
+	gen := p.gate(rec.Topic).gen.Add(1)
 	p.configs.Forget(rec.Topic)
 	// A topic just created is unknown to DescribeConfigs for a moment:
 	// wait (up to 5 s) for its own limits rather than the broker's
@@ -236,7 +262,7 @@ func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise f
 		promise(rec, fmt.Errorf("topic %s: the broker refused the record as too large and offloading it failed: %w", rec.Topic, err))
 		return
 	}
-	p.send(ctx, rec, l, func(r *kgo.Record, err error) {
+	p.send(ctx, rec, l, gen, func(r *kgo.Record, err error) {
 		if errors.Is(err, kerr.MessageTooLarge) {
 			err = fmt.Errorf("topic %s: %w twice, the second time with the record offloaded (%d bytes; limits now: threshold %d, %s)",
 				r.Topic, err, RecordLen(r.Key, r.Value, r.Headers), l.Threshold, l.describe())
@@ -245,18 +271,18 @@ func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise f
 	})
 }
 
-// acquire takes rec's batch bytes from its topic's gate, if the topic
-// needs one, and returns the release.
-func (p *Producer) acquire(ctx context.Context, rec *kgo.Record, l Limits) (func(), error) {
-	g := p.gate(rec.Topic, l)
-	if g == nil {
-		return func() {}, nil
-	}
-	n := min(RecordLen(rec.Key, rec.Value, rec.Headers)+maxDeltaBytes, g.capacity)
-	if err := g.sem.Acquire(ctx, n); err != nil {
+// acquire admits rec's batch bytes to its topic's gate (waiting, until ctx
+// ends, while the topic's bytes in flight are at their bound) and returns
+// the release. l, read in generation gen, set the gate's capacity unless
+// limits of a later generation have.
+func (p *Producer) acquire(ctx context.Context, rec *kgo.Record, l Limits, gen uint64) (func(), error) {
+	g := p.gate(rec.Topic)
+	g.setLimits(rec.Topic, l, l.batchCapacity(p.ser.codec), gen)
+	n := RecordLen(rec.Key, rec.Value, rec.Headers) + maxDeltaBytes
+	if err := g.take(ctx, n); err != nil {
 		return nil, err
 	}
-	return func() { g.sem.Release(n) }, nil
+	return sync.OnceFunc(func() { g.give(n) }), nil
 }
 
 // maxDeltaBytes is what a record inside a batch may take beyond RecordLen
@@ -264,27 +290,87 @@ func (p *Producer) acquire(ctx context.Context, rec *kgo.Record, l Limits) (func
 // timestamp delta and 4 of offset delta.
 const maxDeltaBytes = 13
 
-// gate returns topic's gate for limits l, or nil when franz-go's own batch
-// cap already keeps every batch within l.
-func (p *Producer) gate(topic string, l Limits) *gate {
-	capacity := l.batchCapacity(p.ser.codec)
+// gate returns topic's gate, made on first use.
+func (p *Producer) gate(topic string) *gate {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g := p.gates[topic]
-	if g != nil && g.limits == l {
-		return g
+	if g == nil {
+		g = &gate{capacity: math.MaxInt64}
+		p.gates[topic] = g
 	}
-	if l.ClientBatchMaxBytes > 0 && l.ClientBatchMaxBytes-clientBatchOverhead <= capacity {
-		delete(p.gates, topic)
+	return g
+}
+
+// setLimits makes l, read in generation gen, the gate's limits unless
+// limits of a later generation are in force; capacity is the record bytes
+// one of the topic's batches may hold (Limits.batchCapacity).
+func (g *gate) setLimits(topic string, l Limits, capacity int64, gen uint64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gen < g.limitsAt || (gen == g.limitsAt && l == g.limits) {
+		return
+	}
+	g.limits, g.limitsAt = l, gen
+	g.capacity = math.MaxInt64
+	if l.ClientBatchMaxBytes <= 0 || l.ClientBatchMaxBytes-clientBatchOverhead > capacity {
+		g.capacity = capacity
+		if !g.warned {
+			g.warned = true
+			slog.Warn("the client's batch cap is larger than the topic accepts: Ferry bounds the bytes in flight to one batch, which slows producing; set ProducerBatchMaxBytes (max.request.size) to at most the topic's max.message.bytes",
+				"topic", topic, "max.message.bytes", l.MaxMessageBytes, "client batch cap", l.ClientBatchMaxBytes)
+		}
+	}
+	g.admit()
+}
+
+// take admits n bytes, waiting FIFO until they fit (or nothing else is in
+// flight: a record larger than the capacity goes alone) or ctx ends.
+func (g *gate) take(ctx context.Context, n int64) error {
+	g.mu.Lock()
+	if len(g.waiters) == 0 && g.fits(n) {
+		g.inflight += n
+		g.mu.Unlock()
 		return nil
 	}
-	if g == nil {
-		slog.Warn("the client's batch cap is larger than the topic accepts: Ferry bounds the bytes in flight to one batch, which slows producing; set ProducerBatchMaxBytes (max.request.size) to at most the topic's max.message.bytes",
-			"topic", topic, "max.message.bytes", l.MaxMessageBytes, "client batch cap", l.ClientBatchMaxBytes)
+	w := &gateWaiter{n: n, ready: make(chan struct{})}
+	g.waiters = append(g.waiters, w)
+	g.mu.Unlock()
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
 	}
-	g = &gate{sem: semaphore.NewWeighted(capacity), capacity: capacity, limits: l}
-	p.gates[topic] = g
-	return g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-w.ready: // admitted meanwhile
+		g.inflight -= n
+	default:
+		g.waiters = slices.DeleteFunc(g.waiters, func(o *gateWaiter) bool { return o == w })
+	}
+	g.admit()
+	return ctx.Err()
+}
+
+// give releases n admitted bytes.
+func (g *gate) give(n int64) {
+	g.mu.Lock()
+	g.inflight -= n
+	g.admit()
+	g.mu.Unlock()
+}
+
+func (g *gate) fits(n int64) bool { return g.inflight == 0 || g.inflight <= g.capacity-n }
+
+// admit lets waiters in, in order, while they fit. g.mu is held.
+func (g *gate) admit() {
+	for len(g.waiters) > 0 && g.fits(g.waiters[0].n) {
+		w := g.waiters[0]
+		g.waiters = g.waiters[1:]
+		g.inflight += w.n
+		close(w.ready)
+	}
 }
 
 // batchCapacity is the most record bytes (uncompressed, as franz-go counts
