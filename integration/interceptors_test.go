@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -635,6 +636,72 @@ func TestInterceptorsStoreOutage(t *testing.T) {
 // its write limits raised, read by the Java console consumer with no
 // settings, by Python with receive.message.max.bytes raised and by franz-go
 // with BrokerMaxReadBytes raised (without it franz-go refuses the response).
+// Consumers that fetch a large payload at once, more than the memory
+// budget holds together, all get it: a fetch holding its rewritten batch
+// while it waits for its response frame's memory gives up at the end of
+// its time budget (KAFKA_STORAGE_ERROR, retried) instead of waiting for
+// the others for good (CI once saw three such fetches hold 503 MB of a
+// 512 MiB budget until the proxy shut down).
+func TestInterceptorsFetchesWaitingForMemory(t *testing.T) {
+	storeURL := interceptorStoreURL(t)
+	topic := clientTopic(t, 1, nil)
+	const payload = 6 << 20
+	srv := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(brokers(t)), MaxRequestBytes: 16 << 20,
+		MemoryMax: 28 << 20, InterceptorTimeout: 2 * time.Second,
+		Interceptors: []interceptor.Spec{largeMessageSpec(topic, storeURL)}})
+	via := srv.Addr()
+	want := map[string][]byte{"six-mib": printable(61, payload)}
+	prod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchMaxBytes(16<<20))
+	if err := prod.ProduceSync(ctxT(t, time.Minute), &kgo.Record{Key: []byte("six-mib"), Value: want["six-mib"]}).FirstErr(); err != nil {
+		t.Fatalf("produce through the proxy: %v", err)
+	}
+	// Six fetches of 6 MiB, each needing its batch and its frame (12 MiB):
+	// four holding their batches fill the 28 MiB budget.
+	const consumers = 6
+	ctx := ctxT(t, 90*time.Second)
+	type result struct {
+		recs    []clientRecord
+		retried int
+		err     error
+	}
+	results := make(chan result, consumers)
+	for range consumers {
+		cl := viaClient(t, via, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			kgo.BrokerMaxReadBytes(64<<20), kgo.FetchMaxBytes(32<<20))
+		go func() {
+			var r result
+			for len(r.recs) == 0 && r.err == nil {
+				fs := cl.PollFetches(ctx)
+				if ctx.Err() != nil {
+					r.err = ctx.Err()
+					break
+				}
+				fs.EachError(func(_ string, _ int32, err error) {
+					if kerr.IsRetriable(err) {
+						r.retried++
+					} else {
+						r.err = err
+					}
+				})
+				r.recs = fromKgo(fs.Records())
+			}
+			cl.Close()
+			results <- r
+		}()
+	}
+	retried := 0
+	for range consumers {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("a consumer: %v", r.err)
+		}
+		sameDigests(t, "franz-go consume", r.recs, want)
+		retried += r.retried
+	}
+	t.Logf("%d consumers read the 6 MiB record through a 28 MiB budget (%d retriable errors seen)", consumers, retried)
+	waitMemoryZero(t, srv)
+}
+
 func TestInterceptorsRecordOver100MiB(t *testing.T) {
 	kafkaToolsCP(t)
 	pythonPath(t)
@@ -664,6 +731,7 @@ func TestInterceptorsRecordOver100MiB(t *testing.T) {
 	if ferr == nil || !strings.Contains(ferr.Error(), "BrokerMaxReadBytes") {
 		t.Fatalf("franz-go at its default read limit: %v, want a BrokerMaxReadBytes error", ferr)
 	}
+	cl.Close() // it would fetch again and again in the background
 
 	sameDigests(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, 1, kgo.BrokerMaxReadBytes(256<<20))), want)
 	sameDigests(t, "python consume", pyConsume(t, via, topic, "receive.message.max.bytes=268435456"), want)
@@ -674,4 +742,25 @@ func TestInterceptorsRecordOver100MiB(t *testing.T) {
 		t.Fatalf("console consumer output: %v", err)
 	}
 	sameDigests(t, "java console consumer", recs, want)
+}
+
+// waitMemoryZero waits (up to 10 s) until srv's memory budget is all given
+// back (ferry_proxy_memory_bytes 0), failing the test otherwise.
+func waitMemoryZero(t *testing.T, srv *proxy.Server) {
+	t.Helper()
+	var last string
+	for range 100 {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		for line := range strings.Lines(rec.Body.String()) {
+			if v, ok := strings.CutPrefix(line, "ferry_proxy_memory_bytes "); ok {
+				last = strings.TrimSpace(v)
+			}
+		}
+		if last == "0" {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the proxy's memory budget holds %s bytes after every consumer has gone", last)
 }

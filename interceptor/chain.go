@@ -55,6 +55,10 @@ type Chain struct {
 	instances []Instance
 }
 
+// Timeout returns the time budget of one interceptor call, which also
+// bounds a wait for memory (produce.request.interceptor.timeout.ms).
+func (c *Chain) Timeout() time.Duration { return c.timeout }
+
 // NewChain returns a chain of the produce interceptors of instances in their
 // order, and of the fetch interceptors in the reverse order: a fetch undoes
 // what a produce did, so with [redact, large-message] a produce redacts then

@@ -332,6 +332,12 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 		return nil, false, err
 	}
 	defer d.done(led)
+	// What the interceptors reserve for this batch's records (payloads
+	// downloaded) is given back once the batch is encoded: the encoded
+	// batch, charged on its own, holds a copy (Record.Reserve's contract).
+	mark := heldOf(led)
+	var encoded int64
+	defer func() { led.give(heldOf(led) - mark - encoded) }()
 	if d.hdr.Attributes&attrControl != 0 {
 		return raw, false, nil
 	}
@@ -416,7 +422,9 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	if cut {
 		d.hdr.LastOffsetDelta = lastDelta
 	}
+	before := heldOf(led)
 	enc, err := d.encode(ctx, led)
+	encoded = heldOf(led) - before
 	if err == nil {
 		err = failed
 	}

@@ -426,17 +426,29 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		}
 		if out.Rewritten > 0 || len(out.Failed) > 0 {
 			// Encoded once, straight into the frame, charged first: it
-			// holds every payload put back.
-			est := int64(4+hlen) + 1024
-			for _, t := range resp.Topics {
-				est += int64(len(t.Topic)) + 64
-				for _, p := range t.Partitions {
-					est += int64(len(p.RecordBatches)) + 128 + int64(len(p.AbortedTransactions))*16
-				}
-			}
-			if err := c.s.mem.Take(c.ctx, est); err != nil {
+			// holds every payload put back. The rewritten batches are
+			// held while the frame's memory is awaited, so the wait is
+			// bounded by the time budget: fetches that each hold their
+			// batches and wait for their frames would otherwise wait for
+			// each other for good. At the end of the budget the records
+			// are dropped for a retriable error, which needs almost no
+			// memory, and the consumer fetches them again.
+			est := fetchFrameBytes(resp, hlen)
+			ctx, cancel := context.WithTimeout(c.ctx, c.s.ic.chain.Timeout())
+			err := c.s.mem.Take(ctx, est)
+			cancel()
+			if err != nil {
 				out.Release()
-				return nil, func() {}, err
+				release = func() {}
+				n := dropFetchRecords(resp, kerr.KafkaStorageError.Code)
+				c.s.m.errors.WithLabelValues("interceptor_fetch").Add(float64(n))
+				if c.s.ic.shouldLog("fetch-memory", -1) {
+					c.log.Warn("no memory for a rewritten fetch response within the time budget; its partitions get KAFKA_STORAGE_ERROR and the consumer will fetch them again (logged once per minute)", "partitions", n, "bytes", est, "err", err)
+				}
+				est = fetchFrameBytes(resp, hlen)
+				if err := c.s.mem.Take(c.ctx, est); err != nil {
+					return nil, release, err
+				}
 			}
 			release = func() { out.Release(); c.s.mem.Give(est) }
 			enc := append(make([]byte, 4, est), msg[:hlen]...)
@@ -449,4 +461,37 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		return frame, release, nil
 	}
 	return joinFrame(msg[:hlen], body), release, nil
+}
+
+// fetchFrameBytes bounds the bytes of resp encoded as a frame after a
+// response header of hlen bytes.
+func fetchFrameBytes(resp *kmsg.FetchResponse, hlen int) int64 {
+	n := int64(4+hlen) + 1024
+	for _, t := range resp.Topics {
+		n += int64(len(t.Topic)) + 64
+		for _, p := range t.Partitions {
+			n += int64(len(p.RecordBatches)) + 128 + int64(len(p.AbortedTransactions))*16
+		}
+	}
+	return n
+}
+
+// dropFetchRecords empties the record sets of resp's partitions that have
+// records, setting code on them (a retriable error: the consumer fetches
+// the same offsets again), and returns how many it changed.
+func dropFetchRecords(resp *kmsg.FetchResponse, code int16) int {
+	n := 0
+	for ti := range resp.Topics {
+		for pi := range resp.Topics[ti].Partitions {
+			p := &resp.Topics[ti].Partitions[pi]
+			if len(p.RecordBatches) == 0 {
+				continue
+			}
+			p.ErrorCode = code
+			p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
+			p.AbortedTransactions = nil
+			n++
+		}
+	}
+	return n
 }
