@@ -10,6 +10,14 @@ import (
 // KeySide selects where a built-in runs: "produce", "fetch" or "both".
 const KeySide = "side"
 
+// Keys returns the configuration keys the built-in interceptors read
+// besides the large.message.* keys of large-message (largemessage.Keys,
+// largemessage.ParseConfig).
+func Keys() []string {
+	return []string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
+		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile}
+}
+
 // named is the common part of the built-ins.
 type named struct {
 	name    string

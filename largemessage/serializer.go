@@ -523,6 +523,33 @@ func (s *Serializer) OffloadValue(ctx context.Context, rec *kgo.Record, p payloa
 	return did, err
 }
 
+// PreviewValue returns a copy of rec with its value replaced by the
+// reference and headers OffloadValue would give it for p (whose SHA256 and
+// Size are set), without publishing anything, so that a record that could
+// not fit even offloaded is refused before its payload is uploaded. It
+// returns nil when the path cannot be known in advance (a store without
+// ObjectStore). Custom metadata a store adds on publishing (KIP-917) is not
+// in the preview. Errors: no store, an invalid path.
+func (s *Serializer) PreviewValue(rec *kgo.Record, p payloadstore.Payload) (*kgo.Record, error) {
+	if s.store == nil {
+		return nil, fmt.Errorf("topic %s: the value (%d bytes) must be offloaded: %w", rec.Topic, p.Size, ErrNoPayloadStore)
+	}
+	root := s.root()
+	if root == "" {
+		return nil, nil
+	}
+	p.ID = s.store.ID(p)
+	key, err := payloadstore.ObjectKey(rec.Topic, p.ID)
+	if err != nil {
+		return nil, fmt.Errorf("topic %s: %w", rec.Topic, err)
+	}
+	out := cloneRecord(rec)
+	if err := (sidePlan{sd: valueSide, p: p}).apply(out, root.Path(key), nil, s.storeClass()); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ErrNoPayloadStore: a record must be offloaded but no payload store is
 // configured (large.message.payload.store.url).
 var ErrNoPayloadStore = errors.New("no payload store is configured (large.message.payload.store.url)")

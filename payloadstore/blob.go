@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -147,7 +148,11 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		b, err = blob.OpenBucket(ctx, gu.String())
 	}
 	if err != nil {
-		return fail(false, fmt.Errorf("%w: %v", ErrInvalidConfig, scrub(err)))
+		hint := ""
+		if u.Scheme == azureblob.Scheme && os.Getenv("AZURE_STORAGE_ACCOUNT") == "" {
+			hint = " (set AZURE_STORAGE_ACCOUNT, and AZURE_STORAGE_KEY or another Azure credential: docs/OPERATIONS.md)"
+		}
+		return fail(false, fmt.Errorf("%w: %v%s", ErrInvalidConfig, scrub(err), hint))
 	}
 	if prefix != "" {
 		b = blob.PrefixedBucket(b, prefix+"/")

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -92,6 +94,7 @@ shutdown.timeout.ms) and exits 0.`,
 				if err := a.applyStoreURL(p, store); err != nil {
 					return err
 				}
+				warnUnusedInterceptorKeys(p)
 				cfg.Interceptors = nil
 				for _, name := range interceptors {
 					cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
@@ -155,4 +158,19 @@ shutdown.timeout.ms) and exits 0.`,
 	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
 	return cmd
+}
+
+// warnUnusedInterceptorKeys logs the properties no built-in interceptor
+// reads (as produce and consume do for properties they do not support): a
+// typo would otherwise pass unnoticed. A mistyped large.message.* key is an
+// error already (a.props).
+func warnUnusedInterceptorKeys(p map[string]string) {
+	known := append(interceptor.Keys(), largemessage.Keys()...)
+	known = append(known, "key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
+		largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval, largemessage.KeyCompressionType)
+	for k := range p {
+		if !slices.Contains(known, k) && !strings.HasPrefix(k, "compression.") {
+			slog.Warn("property not read by the proxy's interceptors; ignored", "key", k)
+		}
+	}
 }

@@ -129,17 +129,20 @@ func (a *app) rootCommand() *cobra.Command {
 		Use:   "ferry",
 		Short: "Produce and consume large Kafka messages through a payload store (KIP-1159)",
 		Long: `ferry moves records of any size through Apache Kafka: a record too large for
-its topic's max.message.bytes has its value published to a payload store
-(file://, mem://, ...) and Kafka carries a small reference instead
+its topic's max.message.bytes has its value (or key, or both) published to a
+payload store (s3://, gs://, azblob://, file://, mem://) and Kafka carries a
+small reference instead
 (KIP-1159 large messages). Consumers resolve the reference transparently.
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
 max.request.size and the large.message.* keys).
 
-Errors are one line on stderr. Exit status: 0 done, 1 failed, 2 usage error
-(flags, arguments, properties, a malformed store URL), 130 stopped by
-SIGINT (Ctrl-C), 143 by SIGTERM; a second signal exits without cleaning up.`,
+Errors are one line on stderr. Exit status: 0 done, 1 failed, 2 usage or
+configuration error (flags, arguments, properties, a malformed store URL, a
+bucket that does not exist), 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM;
+a second signal exits without cleaning up. ferry proxy exits 0 when a
+signal stops it (it drains its connections first).`,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -151,7 +154,7 @@ SIGINT (Ctrl-C), 143 by SIGTERM; a second signal exits without cleaning up.`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "Kafka-style properties `FILE` (e.g. client.properties)")
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
-	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error")
+	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error (ferry proxy: info unless set)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErrorf("%v", err) })
 	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand(), a.gcCommand(), a.proxyCommand())
 	for _, c := range root.Commands() {

@@ -307,6 +307,19 @@ func (s *sender) needStore(name string, size int64, topic string, l largemessage
 		name, size, topic, l.Threshold, errNoStore)
 }
 
+// keyBesideReference checks that rec, whose value is a reference, fits
+// topic: the key of a streamed input is not offloaded. The error is a
+// *sendError.
+func (s *sender) keyBesideReference(ctx context.Context, topic, name string, rec *kgo.Record) error {
+	fits, err := s.codec.Fits(s.prod.Limits(ctx, topic), rec.Key, rec.Value, rec.Headers)
+	if err != nil || fits {
+		return nil
+	}
+	detail := fmt.Sprintf("with the reference and its headers the record is %d bytes, its key %d; the key of a streamed input is not offloaded",
+		largemessage.RecordLen(rec.Key, rec.Value, rec.Headers), len(rec.Key))
+	return &sendError{name: name, err: s.tooLarge(ctx, topic, "value", detail, largemessage.ErrRecordTooLarge)}
+}
+
 // stream offloads f without reading it into memory, then produces the
 // reference.
 func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *os.File, size int64) (sent, error) {
@@ -320,6 +333,15 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 		return out, fmt.Errorf("%s: changed while it was read (%d bytes, then %d)", name, size, p.Size)
 	}
 	out.Size, out.SHA256 = p.Size, p.SHA256
+	// Decided before anything is published: the key is not offloaded
+	// here, so it must fit beside the reference the value will get.
+	if pre, err := s.prod.Serializer().PreviewValue(&kgo.Record{Topic: topic, Key: key}, p); err != nil {
+		return out, &sendError{name: name, err: fmt.Errorf("offloading: %w", err)}
+	} else if pre != nil {
+		if err := s.keyBesideReference(ctx, topic, name, pre); err != nil {
+			return out, err
+		}
+	}
 	if s.progress {
 		body := &progressBody{rs: f, bar: s.bar(size, "uploading "+name)}
 		defer body.bar.finish()
@@ -332,12 +354,10 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 	if _, err = s.prod.Serializer().OffloadValue(ctx, rec, p); err != nil {
 		return out, &sendError{name: name, err: fmt.Errorf("offloading: %w", err)}
 	}
-	// The key is not offloaded here: it must fit beside the reference.
-	if fits, err := s.codec.Fits(s.prod.Limits(ctx, topic), rec.Key, rec.Value, rec.Headers); err == nil && !fits {
-		detail := fmt.Sprintf("with the reference and its headers the record is %d bytes, its key %d; the key of a streamed input is not offloaded",
-			largemessage.RecordLen(rec.Key, rec.Value, rec.Headers), len(rec.Key))
-		return out, &sendError{name: name, err: s.tooLarge(ctx, topic, "value", detail, largemessage.ErrRecordTooLarge),
-			notes: s.release(ctx, delivery{rec: rec})}
+	// Again with the reference as published (a store may add metadata).
+	if err := s.keyBesideReference(ctx, topic, name, rec); err != nil {
+		err.(*sendError).notes = s.release(ctx, delivery{rec: rec})
+		return out, err
 	}
 	d := s.deliver(ctx, rec, false)
 	if d.err != nil {

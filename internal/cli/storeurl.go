@@ -22,7 +22,7 @@ var storeForms = map[string]string{
 
 // parseStoreURL checks a payload store URL strictly, or turns a plain
 // directory path into file://ABS. A string with a ':' before any '/' (other
-// than a Windows drive letter, C:\ or C:/) is taken as a URL, never as a
+// than a drive letter, C:\ or C:/, on Windows) is taken as a URL, never as a
 // path: "s3:/bucket", "file:dir" or "sftp://host/x" are errors, not
 // folders named after them. A URL must be SCHEME://..., with a registered
 // scheme (payloadstore.Schemes) and, for the known schemes, their
@@ -79,9 +79,10 @@ func parseStoreURL(raw string) (string, error) {
 }
 
 // isDrivePath reports whether s starts with a Windows drive letter and a
-// separator (C:\ or C:/): a path, not a URL with the scheme "c".
+// separator (C:\ or C:/) on Windows: a path, not a URL with the scheme "c".
+// Elsewhere such a string is refused like any unknown scheme.
 func isDrivePath(s string) bool {
-	return len(s) >= 3 && s[1] == ':' && (s[2] == '\\' || s[2] == '/') &&
+	return runtime.GOOS == "windows" && len(s) >= 3 && s[1] == ':' && (s[2] == '\\' || s[2] == '/') &&
 		(s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z')
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -60,9 +61,16 @@ func TestParseStoreURL(t *testing.T) {
 			t.Errorf("parseStoreURL(%q) = %q, %v; want an error with %q", tc.in, got, err, tc.err)
 		}
 	}
-	// A Windows drive letter starts a path, not a URL.
-	if got, err := parseStoreURL(`C:\ferry`); err != nil || !strings.HasPrefix(got, "file://") {
-		t.Errorf(`parseStoreURL("C:\\ferry") = %q, %v; want a file:// URL`, got, err)
+	// A drive letter starts a path on Windows, and is an unknown scheme
+	// elsewhere (a folder named "C:" would surprise).
+	for _, in := range []string{`C:\ferry`, "C:/ferry", "c:/x"} {
+		got, err := parseStoreURL(in)
+		switch {
+		case runtime.GOOS == "windows" && (err != nil || !strings.HasPrefix(got, "file://")):
+			t.Errorf("parseStoreURL(%q) = %q, %v; want a file:// URL on Windows", in, got, err)
+		case runtime.GOOS != "windows" && (err == nil || !strings.Contains(err.Error(), "unknown scheme")):
+			t.Errorf("parseStoreURL(%q) = %q, %v; want an unknown scheme", in, got, err)
+		}
 	}
 }
 

@@ -3,18 +3,16 @@ package cli
 import (
 	"encoding/base64"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
 // A record that cannot fit its topic even with key and value offloaded (a
 // tiny large.message.threshold.bytes and a long key) is refused with one
 // line naming the topic and the limit, nothing is produced, and the store
-// keeps no object of it.
-//
-// In memory, the library's Serializer refuses such a record before it
-// publishes anything once main has that change; until then it publishes
-// the key (content id, kept: it may be shared) and the value (deleted by
-// ferry), and the subtest "store untouched" fails on the key's object.
+// keeps no object of it: the refusal comes before anything is published
+// (in memory, the Serializer's plan; streamed, the reference the value
+// will get, computed once the file is hashed), so nothing needs deleting.
 func TestRecordTooLargeEvenOffloaded(t *testing.T) {
 	longKey := base64.RawURLEncoding.EncodeToString(mustRead(t, mustRandom(t, 1500)))
 	for _, tc := range []struct {
@@ -35,6 +33,9 @@ func TestRecordTooLargeEvenOffloaded(t *testing.T) {
 				t.Errorf("exit %d, stdout %q; want 1 and nothing produced", r.code, r.stdout)
 			}
 			oneErrorLine(t, r, "ferry: "+f+": "+tc.want)
+			if strings.Contains(r.stderr, "deleted") {
+				t.Errorf("a payload was published, then deleted: %s", r.stderr)
+			}
 			t.Run("store untouched", func(t *testing.T) {
 				if objs := storeObjects(t, storeDir); len(objs) != 0 {
 					t.Errorf("store objects left: %v", objs)
