@@ -300,7 +300,8 @@ type Summary struct {
 	// Deleted counts deleted objects (with DryRun: objects that would be
 	// quarantined, and deleted unless a racing record restores them).
 	Deleted int
-	// BytesFreed is the size of the deleted objects, in bytes.
+	// BytesFreed is the size of the objects deleted by this run (of its
+	// own quarantine), in bytes.
 	BytesFreed int64
 	// Failed counts objects a store operation failed on (left in place,
 	// or in quarantine for the next run to finish).
@@ -316,6 +317,11 @@ type Summary struct {
 	// LeftoverRestored and LeftoverDeleted count their objects restored
 	// and deleted.
 	LeftoverRestored, LeftoverDeleted int
+	// LeftoverDeletedObjects are the objects of earlier runs' quarantine
+	// deleted, by their original full paths, in order; LeftoverBytesFreed
+	// is their size in bytes.
+	LeftoverDeletedObjects []payloadstore.ObjectInfo
+	LeftoverBytesFreed     int64
 }
 
 // Collect removes the objects of store under o.Topic's prefix that no live
@@ -867,10 +873,12 @@ func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool)
 			r.sum.Candidates = append(r.sum.Candidates, q.info)
 		default:
 			r.sum.LeftoverDeleted++
-			r.sum.BytesFreed += q.info.Size
+			r.sum.LeftoverBytesFreed += q.info.Size
+			r.sum.LeftoverDeletedObjects = append(r.sum.LeftoverDeletedObjects, q.info)
 		}
 	}
 	slices.SortFunc(r.sum.Candidates, byPath)
+	slices.SortFunc(r.sum.LeftoverDeletedObjects, byPath)
 	slices.SortFunc(r.sum.RestoredObjects, byPath)
 }
 

@@ -183,7 +183,8 @@ func TestCollectPartitionsAndFailedDelete(t *testing.T) {
 	}
 	// The next run finishes the folder: the object is deleted.
 	sum, err = lifecycle.Collect(ctx, cl, mem, lifecycle.Options{Topic: "t", Now: later, SettleSet: true})
-	if err != nil || sum.LeftoverRuns != 1 || sum.LeftoverDeleted != 1 || sum.Deleted != 0 {
+	if err != nil || sum.LeftoverRuns != 1 || sum.LeftoverDeleted != 1 || sum.Deleted != 0 || sum.BytesFreed != 0 ||
+		len(sum.LeftoverDeletedObjects) != 1 || sum.LeftoverBytesFreed != sum.LeftoverDeletedObjects[0].Size || sum.LeftoverBytesFreed == 0 {
 		t.Fatalf("second run: %v, %+v", err, sum)
 	}
 	if q := quarantineKeys(t, mem); len(q) != 0 {

@@ -164,7 +164,10 @@ func (a *app) gcSummary(f gcFlags, sum lifecycle.Summary) {
 		fmt.Fprintf(w, "%s %s (%d bytes)\n", verb, c.FullPath, c.Size)
 	}
 	for _, c := range sum.RestoredObjects {
-		fmt.Fprintf(w, "restored %s (%d bytes): referenced by a record appended during the run\n", c.FullPath, c.Size)
+		fmt.Fprintf(w, "restored %s (%d bytes): referenced by a record appended since it was quarantined\n", c.FullPath, c.Size)
+	}
+	for _, c := range sum.LeftoverDeletedObjects {
+		fmt.Fprintf(w, "deleted %s (%d bytes): left in quarantine by an interrupted run\n", c.FullPath, c.Size)
 	}
 	switch {
 	case sum.Mode == lifecycle.ModeCheckpoint && sum.Checkpoint.IsZero():
@@ -195,7 +198,12 @@ func (a *app) gcSummary(f gcFlags, sum lifecycle.Summary) {
 		if f.dryRun {
 			fmt.Fprintf(w, "quarantine: %d folders of interrupted runs (the next run finishes them)\n", sum.LeftoverRuns)
 		} else {
-			fmt.Fprintf(w, "quarantine: %d folders of interrupted runs finished, %d objects restored, %d deleted\n", sum.LeftoverRuns, sum.LeftoverRestored, sum.LeftoverDeleted)
+			fmt.Fprintf(w, "quarantine: %d folders of interrupted runs finished, %d objects restored, %d deleted, %d bytes freed\n",
+				sum.LeftoverRuns, sum.LeftoverRestored, sum.LeftoverDeleted, sum.LeftoverBytesFreed)
 		}
+	}
+	if left := sum.Quarantined - sum.Restored - sum.Deleted - sum.Failed; left > 0 && !f.dryRun {
+		fmt.Fprintf(w, "quarantine: %d objects of this run stay in %s/.ferry-gc/q/%s/ (the run did not finish); the next ferry gc of the topic restores those a record references and deletes the rest\n",
+			left, f.topic, sum.RunID)
 	}
 }

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
 
+	"github.com/ferrykit/ferry/lifecycle"
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
@@ -58,5 +60,32 @@ func TestGCOutput(t *testing.T) {
 	if r.code != ExitOK || !strings.Contains(r.stdout, "mode checkpoint, no checkpoint passed by retention yet") ||
 		!strings.Contains(r.stdout, "1 kept not provably garbage, 0 quarantined, 0 restored, 0 deleted") {
 		t.Fatalf("checkpoint mode: exit %d", r.code)
+	}
+}
+
+// A run stopped during the settle wait says where its quarantined objects
+// stay and that the next run finishes them; the next run lists each object
+// it deletes of them, with the bytes freed apart from its own.
+func TestGCSummaryInterruptedAndLeftovers(t *testing.T) {
+	var out bytes.Buffer
+	a := &app{stdout: &out}
+	a.gcSummary(gcFlags{topic: "t"}, lifecycle.Summary{RunID: "r1", Listed: 2, Quarantined: 2})
+	if want := "quarantine: 2 objects of this run stay in t/.ferry-gc/q/r1/ (the run did not finish); the next ferry gc of the topic restores those a record references and deletes the rest\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("interrupted run's output:\n%s\nlacks %q", out.String(), want)
+	}
+	out.Reset()
+	a.gcSummary(gcFlags{topic: "t"}, lifecycle.Summary{RunID: "r2", LeftoverRuns: 1, LeftoverDeleted: 1, LeftoverBytesFreed: 7,
+		LeftoverDeletedObjects: []payloadstore.ObjectInfo{{FullPath: "file:///s/t/0a/x", Size: 7}}})
+	for _, want := range []string{
+		"deleted file:///s/t/0a/x (7 bytes): left in quarantine by an interrupted run\n",
+		", 0 deleted, 0 bytes freed\n",
+		"quarantine: 1 folders of interrupted runs finished, 0 objects restored, 1 deleted, 7 bytes freed\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("next run's output:\n%s\nlacks %q", out.String(), want)
+		}
+	}
+	if strings.Contains(out.String(), "stay in") {
+		t.Errorf("a finished run says objects stay in quarantine:\n%s", out.String())
 	}
 }
