@@ -61,7 +61,7 @@ missing: then it is reported as a warning and skipped.`,
 	fl.StringVarP(&f.topic, "topic", "t", "", "topic to consume (required)")
 	fl.StringVar(&f.store, "store", "", "payload store `URL` or directory (property "+largemessage.KeyStoreURL+")")
 	fl.StringVarP(&f.out, "out", "o", "", "write each value to `DIR`/TOPIC-PARTITION-OFFSET instead of standard output")
-	fl.IntVarP(&f.n, "count", "n", 0, "stop after `N` records (0: no limit)")
+	fl.IntVarP(&f.n, "count", "n", 0, "stop after `N` records (0: no limit), records skipped by large.message.skip.not.found.error included, as Kafka's console consumer counts --max-messages")
 	fl.BoolVar(&f.fromBeginning, "from-beginning", true, "start at the earliest offset of each partition (false: the latest)")
 	fl.DurationVar(&f.idle, "timeout", defaultIdle, "stop when no record arrives for this `DURATION` (0: wait for ever)")
 	return cmd
