@@ -254,11 +254,12 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 	for len(rest) > 0 && !r.cut {
 		raw, next, complete := splitBatch(rest)
 		if !complete {
-			if room(int64(len(rest))) {
-				r.out = append(r.out, rest...) // a partial batch: consumers discard it
-			} else {
-				r.changed, r.cut = true, true
-			}
+			// A partial batch (the broker cut the response at the
+			// consumer's limit) is dropped, not passed on: the
+			// interceptors cannot read it, and a client that does not
+			// discard partial batches as consumers do would read its
+			// records uninspected. The consumer fetches it next time.
+			r.changed, r.cut = true, true
 			break
 		}
 		rest = next

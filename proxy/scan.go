@@ -42,11 +42,17 @@ type scanner struct {
 	flexible bool
 }
 
+// arrayLen reads an array's length; a negative one (null, or any other
+// negative int32, which kmsg decodes as an empty array) counts 0, so that
+// no length can cancel the others out of the count.
 func (s *scanner) arrayLen() int64 {
+	var n int64
 	if s.flexible {
-		return int64(s.b.CompactArrayLen())
+		n = int64(s.b.CompactArrayLen())
+	} else {
+		n = int64(s.b.ArrayLen())
 	}
-	return int64(s.b.ArrayLen())
+	return max(n, 0)
 }
 
 // skip passes over a string or bytes field without copying it: an int16
