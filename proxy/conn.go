@@ -290,6 +290,14 @@ func (c *conn) readRequest() bool {
 		c.active.Store(time.Now().UnixNano())
 		return true
 	}
+	if c.s.ic != nil && !c.auth.ok() &&
+		(h.Key == keyProduce && c.s.ic.chain.HasProduce() || h.Key == keyFetch && c.s.ic.chain.HasFetch()) &&
+		!c.auth.await(c.done) {
+		// Decided before the frame is read (and its memory charged): a
+		// client that has not authenticated holds none of the budget.
+		c.fail("unauthenticated", apiName(h.Key)+" request before SASL authentication completed (the broker closes such a connection too)", nil)
+		return false
+	}
 	frame, release, err := c.readWhole(size)
 	if err != nil {
 		c.readError(err)

@@ -114,3 +114,71 @@ func TestLateSASLUpstreamFailsClosed(t *testing.T) {
 		t.Fatalf("the probe did not conclude the upstream requires SASL (known %v, sasl %v)", s.saslKnown.Load(), s.saslUpstream.Load())
 	}
 }
+
+// A client that has not authenticated to a SASL upstream holds none of the
+// memory budget with a Produce the interceptors would read whole: the
+// connection is closed once the request's header is in, before its body is
+// read (the broker caps unauthenticated requests too). Break review 2:
+// six such clients, each trickling 95 MB, held the whole budget and an
+// authenticated client's produce waited ten minutes.
+func TestUnauthenticatedFrameHoldsNoMemory(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { // a SASL listener, as the probe sees it: closes unauthenticated connections
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	s, err := New(Config{Upstream: []string{l.Addr().String()}, Listen: "127.0.0.1:0", DialTimeout: time.Second,
+		Interceptors: []interceptor.Spec{{Name: "test-counting"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A Produce frame announcing 90 MB: its real start (header, topic),
+	// then 8 MiB of its body, then nothing.
+	frame := produceFrame(t, "any")
+	binary.BigEndian.PutUint32(frame, 90<<20)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		var b [1]byte
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, _ = c.Read(b[:])
+	}()
+	_, _ = c.Write(frame)
+	var peak int64
+	chunk := make([]byte, 64<<10)
+	for range 128 {
+		if _, err := c.Write(chunk); err != nil {
+			break // closed by the proxy
+		}
+		peak = max(peak, s.mem.InUse())
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection of an unauthenticated client sending a Produce stays open")
+	}
+	if peak > 1<<20 {
+		t.Fatalf("an unauthenticated client's frame held %d bytes of the budget", peak)
+	}
+	if n := countingSeen.Load(); n != 0 {
+		t.Fatalf("the interceptor saw %d records", n)
+	}
+}
