@@ -98,6 +98,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		out.Forward = len(req.Topics) > 0
 		return out
 	}
+	keepLastPartitions(req)
 	type result struct {
 		v *partitionResult
 		f *failure
@@ -660,4 +661,55 @@ func (o ProduceOutcome) Response(req *kmsg.ProduceRequest) *kmsg.ProduceResponse
 	resp.Version = req.Version
 	o.Merge(resp)
 	return resp
+}
+
+// DuplicateEntryBytes bounds what keepLastPartitions allocates per
+// partition entry of a request (a map entry), for the memory the proxy
+// charges before decoding a Produce request.
+const DuplicateEntryBytes = 128
+
+// keepLastPartitions keeps, of a Produce request's entries for one
+// partition (a topic may even be listed twice), only the last, as the
+// broker does: it keys the record sets by partition, appends the last and
+// answers it once. The earlier entries would otherwise go through the
+// interceptors, publish payloads, and never be answered: objects nothing
+// references.
+func keepLastPartitions(req *kmsg.ProduceRequest) {
+	type key struct {
+		topic     string
+		id        [16]byte
+		partition int32
+	}
+	n := 0
+	for _, t := range req.Topics {
+		n += len(t.Partitions)
+	}
+	last := make(map[key]int, n)
+	i := 0
+	for _, t := range req.Topics {
+		for _, p := range t.Partitions {
+			last[key{t.Topic, t.TopicID, p.Partition}] = i
+			i++
+		}
+	}
+	if len(last) == n {
+		return
+	}
+	i = 0
+	topics := req.Topics[:0]
+	for _, t := range req.Topics {
+		had := len(t.Partitions) > 0
+		parts := t.Partitions[:0]
+		for _, p := range t.Partitions {
+			if last[key{t.Topic, t.TopicID, p.Partition}] == i {
+				parts = append(parts, p)
+			}
+			i++
+		}
+		t.Partitions = parts
+		if len(parts) > 0 || !had {
+			topics = append(topics, t)
+		}
+	}
+	req.Topics = topics
 }

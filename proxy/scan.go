@@ -6,6 +6,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/interceptor"
 )
 
 // The shapes of the requests the proxy decodes with kmsg (Produce, and Fetch
@@ -23,8 +25,9 @@ var errShape = errors.New("malformed request body")
 func decodedBytes(topics, partitions int64, key int16) int64 {
 	switch key {
 	case keyProduce:
+		// The partitions, and the map that finds duplicate entries.
 		return topics*int64(unsafe.Sizeof(kmsg.ProduceRequestTopic{})) +
-			partitions*int64(unsafe.Sizeof(kmsg.ProduceRequestTopicPartition{})) + 1024
+			partitions*(int64(unsafe.Sizeof(kmsg.ProduceRequestTopicPartition{}))+interceptor.DuplicateEntryBytes) + 1024
 	default:
 		// Fetch: the topics and partitions, and the limits the proxy keeps
 		// per partition (map entries of FetchLimits).
