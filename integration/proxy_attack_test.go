@@ -560,6 +560,17 @@ interceptors:
 		}
 	})
 
+	// Break review 2: a million tiny corrupt partitions of an intercepted
+	// topic in 9 MB (each answered, each answer uncharged: 736 MB of RSS),
+	// and a partition array of length -2^31 that cancelled the count.
+	run("a Produce of a million corrupt partitions of an intercepted topic", func(t *testing.T) {
+		c := rawConn(t, p.bootstrap)
+		if _, err := c.Write(manyPartitions(lmA, 1_000_000)); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = readRawFrame(c) // an answer or the connection closed: either is fine
+	})
+
 	run("30 million headers in 600 KB of zstd", func(t *testing.T) {
 		bomb := rawBatch(headerBomb(t, 30_000_000), 4, 1)
 		t.Logf("header bomb batch: %d bytes", len(bomb))
@@ -792,6 +803,31 @@ func manyTopics(key int16, n int) []byte {
 		b = append(b, 1, 1) // no forgotten topics, rack ""
 	}
 	b = append(b, 0) // tags
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	return b
+}
+
+// manyPartitions is a Produce v9 request frame of topic with n partitions,
+// each a 3-byte record set that is no batch.
+func manyPartitions(topic string, n int) []byte {
+	b := make([]byte, 4, 64+len(topic)+9*n)
+	b = binary.BigEndian.AppendUint16(b, 0) // Produce
+	b = binary.BigEndian.AppendUint16(b, 9)
+	b = binary.BigEndian.AppendUint32(b, 1) // correlation id
+	b = binary.BigEndian.AppendUint16(b, 1) // client id
+	b = append(b, 'a', 0)                   // client id, header tags
+	b = append(b, 0)                        // transactional id: null
+	b = binary.BigEndian.AppendUint16(b, 1) // acks
+	b = binary.BigEndian.AppendUint32(b, 1000)
+	b = append(b, 2) // one topic
+	b = binary.AppendUvarint(b, uint64(len(topic))+1)
+	b = append(b, topic...)
+	b = binary.AppendUvarint(b, uint64(n)+1)
+	for i := range n {
+		b = binary.BigEndian.AppendUint32(b, uint32(i))
+		b = append(b, 4, 1, 2, 3, 0) // records: 3 bytes; no tags
+	}
+	b = append(b, 0, 0) // topic tags, request tags
 	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
 	return b
 }

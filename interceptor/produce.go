@@ -663,10 +663,16 @@ func (o ProduceOutcome) Response(req *kmsg.ProduceRequest) *kmsg.ProduceResponse
 	return resp
 }
 
-// DuplicateEntryBytes bounds what keepLastPartitions allocates per
-// partition entry of a request (a map entry), for the memory the proxy
-// charges before decoding a Produce request.
-const DuplicateEntryBytes = 128
+// Per partition entry of a Produce request, what InterceptProduce
+// allocates besides the records, for the memory the proxy charges before
+// decoding the request: DuplicateEntryBytes for keepLastPartitions' map,
+// PartitionWorkBytes for a partition's result, its answer and error, and
+// its part of the response (measured: 860 bytes live and 3.1 KiB allocated
+// in all per partition for 100,000 partitions the interceptors refuse).
+const (
+	DuplicateEntryBytes = 128
+	PartitionWorkBytes  = 2048
+)
 
 // keepLastPartitions keeps, of a Produce request's entries for one
 // partition (a topic may even be listed twice), only the last, as the

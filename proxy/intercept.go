@@ -56,6 +56,9 @@ type interception struct {
 // caller wanting a topic id resolved meanwhile waits for.
 type nameLookup struct{ done chan struct{} }
 
+// maxLogged bounds the partitions whose last warning is remembered.
+const maxLogged = 10000
+
 // logEvery bounds how often the failure of one partition's fetch is logged.
 const logEvery = time.Minute
 
@@ -66,6 +69,16 @@ func (ic *interception) shouldLog(topic string, partition int32) bool {
 	defer ic.mu.Unlock()
 	if t, ok := ic.logged[key]; ok && time.Since(t) < logEvery {
 		return false
+	}
+	if len(ic.logged) >= maxLogged { // bounded: forget what is past logEvery, or everything
+		for k, t := range ic.logged {
+			if time.Since(t) >= logEvery {
+				delete(ic.logged, k)
+			}
+		}
+		if len(ic.logged) >= maxLogged {
+			clear(ic.logged)
+		}
 	}
 	ic.logged[key] = time.Now()
 	return true
@@ -294,14 +307,25 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	res := c.s.ic.chain.InterceptProduce(ctx, req, c.s.ic.maxMessageBytes)
 	stop()
 	defer res.Release()
+	// One line per request (the first refusal; the rest at debug level),
+	// at most once a minute per topic: a request of a million refused
+	// partitions is not a million lines.
+	logged := false
 	for _, a := range res.Answered {
-		if a.Err != nil {
-			topic := a.Topic
-			if topic == "" { // Produce v13+ names topics by id
-				topic, _ = c.s.ic.topicName(a.TopicID)
-			}
-			c.log.Info("produce interceptor answered a partition", "topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
+		if a.Err == nil {
+			continue
 		}
+		topic := a.Topic
+		if topic == "" { // Produce v13+ names topics by id
+			topic, _ = c.s.ic.topicName(a.TopicID)
+		}
+		if !logged && c.s.ic.shouldLog(topic, -2) {
+			c.log.Info("produce interceptor answered a partition (logged once per minute per topic; the others at debug level)", "topic", topic, "partition", a.Partition,
+				"error_code", a.ErrorCode, "err", a.Err, "partitions_answered", len(res.Answered))
+		} else {
+			c.log.Debug("produce interceptor answered a partition", "topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
+		}
+		logged = true
 	}
 	if len(res.Answered) > 0 {
 		c.s.m.errors.WithLabelValues("interceptor_produce").Add(float64(len(res.Answered)))
@@ -405,7 +429,16 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			return nil, release, fmt.Errorf("decode Fetch v%d response: %w", f.version, err)
 		}
 		c.sessions.opened(resp.SessionID, f.newSession)
-		out := c.s.ic.chain.InterceptFetchLimited(c.ctx, resp, f.fetchLimits)
+		// A rewritten response is held twice for a moment (its batches,
+		// then its frame): its records are kept within a quarter of the
+		// memory budget, whatever the consumer allows, so that a fetch
+		// always fits and several fit at once (beyond the first record,
+		// the consumer fetches the rest next time, KIP-74).
+		limits := f.fetchLimits
+		if mx := c.s.mem.Limit() / 4; limits.MaxBytes <= 0 || int64(limits.MaxBytes) > mx {
+			limits.MaxBytes = int32(min(mx, math.MaxInt32))
+		}
+		out := c.s.ic.chain.InterceptFetchLimited(c.ctx, resp, limits)
 		release = out.Release
 		if out.Truncated > 0 {
 			c.log.Debug("fetch response cut to the consumer's limits", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)

@@ -25,9 +25,9 @@ var errShape = errors.New("malformed request body")
 func decodedBytes(topics, partitions int64, key int16) int64 {
 	switch key {
 	case keyProduce:
-		// The partitions, and the map that finds duplicate entries.
+		// The partitions, and the interceptors' work per partition.
 		return topics*int64(unsafe.Sizeof(kmsg.ProduceRequestTopic{})) +
-			partitions*(int64(unsafe.Sizeof(kmsg.ProduceRequestTopicPartition{}))+interceptor.DuplicateEntryBytes) + 1024
+			partitions*(int64(unsafe.Sizeof(kmsg.ProduceRequestTopicPartition{}))+interceptor.DuplicateEntryBytes+interceptor.PartitionWorkBytes) + 1024
 	default:
 		// Fetch: the topics and partitions, and the limits the proxy keeps
 		// per partition (map entries of FetchLimits).
