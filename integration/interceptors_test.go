@@ -193,7 +193,11 @@ func TestInterceptorsLargeRecordEveryClient(t *testing.T) {
 	fmt.Fprintf(&in, "client:java\tjava-50MiB\t%s\n", want["java-50MiB"])
 	javaBigHeap(t, in.Bytes(), javaConsoleProducer, "--bootstrap-server", via, "--topic", topic,
 		"--reader-property", "parse.key=true", "--reader-property", "parse.headers=true",
-		"--command-property", "max.request.size=60000000", "--command-property", "buffer.memory=134217728")
+		"--command-property", "max.request.size=60000000", "--command-property", "buffer.memory=134217728",
+		// The console producer's request.timeout.ms is 1500: too short
+		// for 50 MiB through the proxy to the store on a busy machine (it
+		// gives up silently, exit 0, record lost).
+		"--command-property", "request.timeout.ms=60000", "--command-property", "delivery.timeout.ms=120000")
 	step("Java console producer")
 	// franz-go refuses a record over ProducerBatchMaxBytes (default
 	// 1000012); BrokerMaxWriteBytes (default 100 MiB) bounds the request.
