@@ -3,8 +3,12 @@ package largemessage_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -167,4 +171,48 @@ func TestLongReferencePath(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A reference read without the store's root can name another topic: under
+// a root ending in "orders", "<root>/2d/<id>" is the two-segment key (the
+// layout before shards) of topic "2d" when the shard of <id> is "2d", but
+// its last three segments read as topic "orders", shard "2d". Topic binding
+// uses the root (FuzzKey found the ambiguity): a record of topic "orders"
+// can neither carry nor resolve that reference.
+func TestReferenceBindingUsesTheRoot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "orders")
+	st, err := payloadstore.NewFileStore(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ""
+	for i := 0; id == ""; i++ {
+		c := fmt.Sprint("id", i)
+		if sum := sha256.Sum256([]byte(c)); hex.EncodeToString(sum[:1]) == "2d" {
+			id = c
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "2d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "2d", id), []byte("topic 2d's secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := st.Root().Path("2d/" + id)
+	ref, err := largemessage.PayloadReferenceValue{FullPayloadPath: path, PayloadStoreClass: st.Class()}.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func() *kgo.Record {
+		return &kgo.Record{Topic: "orders", Value: ref, Headers: []kgo.RecordHeader{{Key: largemessage.HeaderLargeMessage, Value: []byte("true")}}}
+	}
+	ctx := context.Background()
+	ser := largemessage.NewSerializer(st, largemessage.Codec{Type: "none"}).WithCopyTopics(nil)
+	if _, _, err := ser.Adopt(ctx, mk()); !errors.Is(err, payloadstore.ErrWrongTopic) {
+		t.Fatalf("producing a reference to topic 2d's object on topic orders: %v, want ErrWrongTopic", err)
+	}
+	r := mk()
+	if err := largemessage.NewDeserializer(st, false).Resolve(ctx, r); !errors.Is(err, payloadstore.ErrWrongTopic) {
+		t.Fatalf("resolving it on topic orders: %v (value %q), want ErrWrongTopic", err, r.Value)
+	}
 }

@@ -209,7 +209,7 @@ func (d *Deserializer) open(ctx context.Context, rec *kgo.Record, sd side, refBy
 	if err != nil {
 		return nil, 0, d.recordErr(rec, sd, "", err)
 	}
-	kp, err := payloadstore.PathKey(ref.FullPayloadPath)
+	kp, err := payloadstore.ReferenceKey(d.store, ref.FullPayloadPath)
 	if err == nil && kp.Topic != rec.Topic && (d.otherTopics == nil || !d.otherTopics.MatchString(kp.Topic)) {
 		err = fmt.Errorf("%w: %s, the record is in topic %s (%s allows other topics)", payloadstore.ErrWrongTopic, kp.Topic, rec.Topic, KeyReferenceResolveTopics)
 	}

@@ -504,7 +504,7 @@ func (s *Serializer) rebind(topic, path string) (payloadstore.Rebinding, error) 
 	if s.store == nil {
 		return payloadstore.Rebinding{}, ErrNoPayloadStore
 	}
-	kp, err := payloadstore.PathKey(path)
+	kp, err := payloadstore.ReferenceKey(s.store, path)
 	if err != nil {
 		return payloadstore.Rebinding{}, err
 	}

@@ -201,10 +201,29 @@ func Shorten(s string) string {
 	return fmt.Sprintf("%q…(%d bytes)…%q", s[:head], len(s)-head-tail, s[len(s)-tail:])
 }
 
+// ReferenceKey returns the parts of the payload key fullPath names in s:
+// the key after the store's root where fullPath is a payload key under it
+// (an ObjectStore: every store of this package), else PathKey's reading (the
+// store's own check then refuses what is not its own when the path is
+// opened). The topic binding of references (docs/SECURITY.md) uses it:
+// without the root, "<root>/2d/<id>", a two-segment key of topic "2d",
+// could read as topic <the root's last segment>, shard 2d. Errors wrap
+// ErrInvalidPath.
+func ReferenceKey(s PayloadStore, fullPath string) (KeyParts, error) {
+	if ops, err := Objects(s); err == nil {
+		if _, kp, err := ops.Root().KeyOf(fullPath); err == nil {
+			return kp, nil
+		}
+	}
+	return PathKey(fullPath)
+}
+
 // PathKey returns the parts of the payload key a full path ends with (its
 // last three segments), without knowing the store's root: what a
-// reference says about the topic its object belongs to. Errors wrap
-// ErrInvalidPath. The store checks the root itself when it opens the path.
+// reference says about the topic its object belongs to, where the root is
+// not known (ReferenceKey when it is: a two-segment key of the layout
+// before shards can read differently here). Errors wrap ErrInvalidPath.
+// The store checks the root itself when it opens the path.
 func PathKey(fullPath string) (KeyParts, error) {
 	if len(fullPath) > 2*MaxKeyBytes {
 		return KeyParts{}, fmt.Errorf("%w: a path of %d bytes", ErrInvalidPath, len(fullPath))
