@@ -5,15 +5,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 func randomBytes(seed uint64, n int) []byte {
@@ -313,4 +316,80 @@ func lmSetupStore(t *testing.T, store payloadstore.PayloadStore) (Instance, payl
 	}
 	t.Cleanup(func() { _ = in.Close() })
 	return in, store
+}
+
+// countingStore counts a file store's downloads and touches.
+type countingStore struct {
+	*payloadstore.FileStore
+	downloads, touches atomic.Int64
+}
+
+func (c *countingStore) Download(ctx context.Context, path string) (io.ReadCloser, error) {
+	c.downloads.Add(1)
+	return c.FileStore.Download(ctx, path)
+}
+
+func (c *countingStore) Touch(ctx context.Context, key string) error {
+	c.touches.Add(1)
+	return c.FileStore.Touch(ctx, key)
+}
+
+// A Produce whose records reference one object of their own topic many
+// times reads (to verify it) and touches that object once per request,
+// not once per record (break review 2: 200 references to one 90 MiB object
+// in a 698-byte request read 18 GB). Every record still gets the object's
+// true size and digest.
+func TestLargeMessageReferencesVerifiedOncePerRequest(t *testing.T) {
+	fs, err := payloadstore.NewFileStore(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &countingStore{FileStore: fs}
+	payload := randomBytes(7, 200<<10)
+	resp, err := payloadstore.PublishBytes(context.Background(), st, "big", payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := largemessage.PayloadReferenceValue{FullPayloadPath: resp.FullPayloadPath, PayloadStoreClass: st.Class()}.AppendTo(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re, _ := CompileTopicPattern("big")
+	l := NewLargeMessage(st, largemessage.DefaultConfig(), re)
+	ch := NewChain([]Instance{{Produce: l}}, Options{})
+	const n = 50
+	d := &decodedBatch{hdr: kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1,
+		FirstTimestamp: 1700000000000, MaxTimestamp: 1700000000000, LastOffsetDelta: n - 1, PartitionLeaderEpoch: -1}}
+	for i := range n {
+		d.recs = append(d.recs, kmsg.Record{OffsetDelta: int32(i), Value: ref,
+			Headers: []kmsg.Header{{Key: largemessage.HeaderLargeMessage, Value: []byte("true")}, {Key: largemessage.HeaderPayloadSize, Value: []byte("1")}}})
+	}
+	batch, err := d.encode(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := buildRequest(t, map[string][]byte{"big": batch})
+	out := ch.InterceptProduce(context.Background(), req, nil)
+	defer out.Release()
+	if len(out.Answered) != 0 || !out.Forward {
+		t.Fatalf("outcome %+v", out)
+	}
+	if dl, tc := st.downloads.Load(), st.touches.Load(); dl != 1 || tc != 1 {
+		t.Fatalf("%d references to one object: %d downloads, %d touches; want 1 and 1", n, dl, tc)
+	}
+	got, err := decodeBatch(context.Background(), nil, req.Topics[0].Partitions[0].Records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range got.recs {
+		size := ""
+		for _, h := range r.Headers {
+			if h.Key == largemessage.HeaderPayloadSize {
+				size = string(h.Value)
+			}
+		}
+		if size != fmt.Sprint(len(payload)) {
+			t.Fatalf("record %d: size header %q, want the object's %d", r.OffsetDelta, size, len(payload))
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"regexp"
 	"slices"
+	"sync"
 
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -44,9 +45,48 @@ func (s *Serializer) WithVerifiedReferences() *Serializer {
 	return s
 }
 
+// ReferenceCache is what one request's references share (see
+// WithReferenceCache): the objects verified and the objects touched.
+type ReferenceCache struct {
+	mu       sync.Mutex
+	verified map[string]verifiedObject
+	touched  map[string]bool
+}
+
+type verifiedObject struct {
+	size int64
+	sum  [32]byte
+}
+
+type referenceCacheKey struct{}
+
+// WithReferenceCache returns a context whose Adopt, PlanOffload and Commit
+// calls share one ReferenceCache: an object that references of several
+// records name (of one Produce request, in the proxy) is read and hashed
+// once for WithVerifiedReferences and touched once, not once per record.
+// The cache lives as long as the context: give it one request's work.
+func WithReferenceCache(ctx context.Context) context.Context {
+	return context.WithValue(ctx, referenceCacheKey{}, &ReferenceCache{verified: map[string]verifiedObject{}, touched: map[string]bool{}})
+}
+
+func referenceCache(ctx context.Context) *ReferenceCache {
+	c, _ := ctx.Value(referenceCacheKey{}).(*ReferenceCache)
+	return c
+}
+
 // verifyReference reads the object at path and sets rec's headers of side
-// sd to its size and digest.
+// sd to its size and digest (once per path with a ReferenceCache).
 func (s *Serializer) verifyReference(ctx context.Context, rec *kgo.Record, sd side, path string) error {
+	cache := referenceCache(ctx)
+	if cache != nil {
+		cache.mu.Lock()
+		v, ok := cache.verified[path]
+		cache.mu.Unlock()
+		if ok {
+			rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, v.size, v.sum, nil)...)
+			return nil
+		}
+	}
 	rc, err := s.store.Download(ctx, path)
 	if err != nil {
 		return fmt.Errorf("topic %s: the record's %s is a reference: %w", rec.Topic, sd.name, err)
@@ -60,6 +100,11 @@ func (s *Serializer) verifyReference(ctx context.Context, rec *kgo.Record, sd si
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, n, sum, nil)...)
+	if cache != nil {
+		cache.mu.Lock()
+		cache.verified[path] = verifiedObject{size: n, sum: sum}
+		cache.mu.Unlock()
+	}
 	return nil
 }
 
@@ -349,10 +394,27 @@ func (sp sidePlan) apply(rec *kgo.Record, path string, metadata []byte, class st
 // published are deleted (except content ids) and the record must not be
 // produced.
 func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
+	cache := referenceCache(ctx)
 	for _, rb := range p.rebinds[p.rebound:] {
+		// A touch is done once per object with a ReferenceCache.
+		touch := rb.Src == rb.Dst
+		if touch && cache != nil {
+			cache.mu.Lock()
+			done := cache.touched[rb.Src]
+			cache.mu.Unlock()
+			if done {
+				p.rebound++
+				continue
+			}
+		}
 		if err := rb.Do(ctx, p.s.store); err != nil {
 			p.Abort(ctx)
 			return false, fmt.Errorf("topic %s: re-binding a reference: %w", p.rec.Topic, err)
+		}
+		if touch && cache != nil {
+			cache.mu.Lock()
+			cache.touched[rb.Src] = true
+			cache.mu.Unlock()
 		}
 		p.rebound++
 	}
