@@ -118,7 +118,11 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	leftBehind.Store(&tmp)
+	defer func() {
+		os.RemoveAll(tmp)
+		leftBehind.Store(nil)
+	}()
 	storeDir := filepath.Join(tmp, "payloads")
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1),

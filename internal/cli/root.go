@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -68,11 +69,20 @@ func Execute() int {
 		first := <-sigs
 		cancel(&Interrupted{Signal: first})
 		again := &Interrupted{Signal: <-sigs}
-		fmt.Fprintf(os.Stderr, "ferry: %s again: exiting without cleaning up\n", again)
+		left := ""
+		if p := leftBehind.Load(); p != nil && *p != "" {
+			left = " (" + *p + " stays: remove it by hand)"
+		}
+		fmt.Fprintf(os.Stderr, "ferry: %s again: exiting without cleaning up%s\n", again, left)
 		os.Exit(again.ExitCode())
 	}()
 	return RunIO(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 }
+
+// leftBehind names what a command would clean up on its way out (the
+// demo's temporary directory), for the message of a second signal, which
+// exits at once.
+var leftBehind atomic.Pointer[string]
 
 // Run runs ferry with args (without the program name), reading stdin from
 // os.Stdin, and returns the exit code. Errors are printed to stderr as one
