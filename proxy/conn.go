@@ -556,6 +556,17 @@ func (c *conn) readError(err error) {
 	}
 }
 
+// tryPending receives from pending without waiting: queued reports whether
+// it received (ok false: pending is closed).
+func tryPending(pending <-chan *inflight) (f *inflight, ok, queued bool) {
+	select {
+	case f, ok = <-pending:
+		return f, ok, true
+	default:
+		return nil, false, false
+	}
+}
+
 // watchUpstream peeks at the upstream connection while the writer has
 // nothing in flight, so that a broker closing an idle connection (restart,
 // connections.max.idle.ms) is seen at once and the client's connection
@@ -622,6 +633,17 @@ func (c *conn) writeLoop() {
 			f = g
 		case err := <-res:
 			watching = false
+			// A request is queued before it is forwarded, so the request
+			// a response answers is in pending by the time its bytes
+			// arrive; but when both are ready, select picks either. Take
+			// it now if it is there.
+			if g, ok, queued := tryPending(c.pending); queued {
+				if !ok {
+					return
+				}
+				f = g
+				break
+			}
 			if err == nil {
 				c.fail("upstream_io", "response from the upstream broker without a request", nil)
 				return
