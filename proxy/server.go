@@ -601,7 +601,7 @@ var ErrBrokerPort = errors.New("cannot open the listener of a broker")
 // (two 32 KiB read buffers, goroutine stacks, TLS state).
 const (
 	baseMemoryBytes          = 128 << 20
-	codeMemoryBytes          = 80 << 20 // of baseMemoryBytes, not the Go heap's
+	codeMemoryBytes          = 112 << 20 // of baseMemoryBytes, not the Go heap's
 	perConnectionMemoryBytes = 100 << 10
 )
 
@@ -614,7 +614,8 @@ func (s *Server) MemoryBound(connections int) int64 {
 
 // GoMemoryLimit is the soft memory limit `ferry proxy` gives the Go
 // runtime (unless GOMEMLIMIT is set): MemoryBound for max.connections less
-// the 80 MiB the runtime does not count (the mapped binary and slack), so
+// the 112 MiB the runtime does not count (the mapped binary, stacks, freed
+// memory not yet returned, slack), so
 // that garbage is collected before the bound is reached.
 func (s *Server) GoMemoryLimit() int64 {
 	return s.MemoryBound(s.cfg.MaxConnections) - codeMemoryBytes
