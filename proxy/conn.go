@@ -290,13 +290,11 @@ func (c *conn) readRequest() bool {
 		c.active.Store(time.Now().UnixNano())
 		return true
 	}
-	if c.s.ic != nil &&
+	if c.s.ic != nil && !c.auth.ok() &&
 		(h.Key == keyProduce && c.s.ic.chain.HasProduce() || h.Key == keyFetch && c.s.ic.chain.HasFetch()) &&
 		!c.auth.await(c.done) {
 		// Decided before the frame is read (and its memory charged): a
-		// client that has not authenticated holds none of the budget. A
-		// request the interceptors must see waits here while an
-		// authentication (or re-authentication) is in flight.
+		// client that has not authenticated holds none of the budget.
 		c.fail("unauthenticated", apiName(h.Key)+" request before SASL authentication completed (the broker closes such a connection too)", nil)
 		return false
 	}
@@ -401,7 +399,11 @@ func (c *conn) handleWhole(frame []byte) bool {
 	case keySASLAuthenticate:
 		c.auth.authenticating()
 	case keyFetch:
-		if c.s.ic != nil && c.s.ic.chain.HasFetch() { // authenticated: readRequest waited for it
+		if c.s.ic != nil && c.s.ic.chain.HasFetch() {
+			if !c.auth.await(c.done) {
+				c.fail("unauthenticated", "Fetch request before SASL authentication completed (the broker closes such a connection too)", nil)
+				return false
+			}
 			release, ok := c.chargeShape(h, frame)
 			if !ok {
 				return false
@@ -415,7 +417,11 @@ func (c *conn) handleWhole(frame []byte) bool {
 			}
 		}
 	case keyProduce:
-		if c.s.ic != nil && c.s.ic.chain.HasProduce() { // authenticated: readRequest waited for it
+		if c.s.ic != nil && c.s.ic.chain.HasProduce() {
+			if !c.auth.await(c.done) {
+				c.fail("unauthenticated", "Produce request before SASL authentication completed (the broker closes such a connection too)", nil)
+				return false
+			}
 			release, ok := c.chargeShape(h, frame)
 			if !ok {
 				return false
