@@ -59,6 +59,12 @@ type Config struct {
 	// AdminListen is the HTTP address of /metrics and /healthz
 	// (`admin.listen`); empty: none.
 	AdminListen string
+	// Pprof serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on the admin listener (`admin.pprof.enabled`, default
+	// false): CPU, heap, goroutine and mutex profiles of the running proxy.
+	// Off by default because a profile exposes code paths and pauses the
+	// process briefly; bind admin.listen to a private address when on.
+	Pprof bool
 	// ClientTLS is TLS towards clients (`tls.client.*`).
 	ClientTLS TLSConfig
 	// UpstreamTLS is TLS towards brokers (`tls.upstream.*`).
@@ -300,6 +306,7 @@ func (t TLSConfig) clientConfig() (*tls.Config, error) {
 var configKeys = []string{
 	"upstream", "listen", "advertised.host", "broker.port.base", "socket.request.max.bytes",
 	"upstream.response.max.bytes", "dial.timeout.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "admin.listen",
+	"admin.pprof.enabled",
 	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
@@ -386,6 +393,7 @@ func LoadConfigFile(path string) (Config, error) {
 		c.IdleTimeout = time.Duration(num("connections.max.idle.ms", 1<<31-1)) * time.Millisecond
 	}
 	c.AdminListen = str("admin.listen")
+	c.Pprof = boolean("admin.pprof.enabled")
 	for _, side := range []struct {
 		prefix string
 		t      *TLSConfig

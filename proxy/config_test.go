@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,5 +108,40 @@ func TestConfigValidate(t *testing.T) {
 	c.ClientTLS = TLSConfig{Enabled: true, Cert: "/nonexistent/c.pem", Key: "/nonexistent/k.pem"}
 	if _, err := New(c); err == nil || !strings.Contains(err.Error(), "client-side TLS") {
 		t.Fatalf("New with missing cert files: %v", err)
+	}
+}
+
+// TestPprofOnlyWhenEnabled: /debug/pprof/ is served only with
+// admin.pprof.enabled, and then serves a real profile.
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		s, err := New(Config{Upstream: []string{"127.0.0.1:9"}, Listen: "127.0.0.1:0", Pprof: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]string{
+			"/debug/pprof/":                  "goroutine",
+			"/debug/pprof/heap?debug=1":      "heap profile",
+			"/debug/pprof/goroutine?debug=1": "goroutine profile",
+		} {
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+			if !on {
+				if rec.Code != http.StatusNotFound {
+					t.Errorf("pprof off: GET %s = %d, want 404", path, rec.Code)
+				}
+				continue
+			}
+			if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), want) {
+				t.Errorf("pprof on: GET %s = %d, body without %q: %.200s", path, rec.Code, want, rec.Body.String())
+			}
+		}
+	}
+	c, err := LoadConfigFile(writeYAML(t, "upstream: [127.0.0.1:9092]\nadmin.listen: 127.0.0.1:0\nadmin.pprof.enabled: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Pprof {
+		t.Error("admin.pprof.enabled: true did not set Pprof")
 	}
 }

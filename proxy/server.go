@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -223,8 +224,10 @@ func (s *Server) AdminAddr() string {
 	return s.adminLn.Addr().String()
 }
 
-// Handler returns the admin HTTP handler: /metrics (Prometheus) and /healthz
-// (200 "ok" while serving, 503 while shutting down).
+// Handler returns the admin HTTP handler: /metrics (Prometheus), /healthz
+// (200 "ok" while serving, 503 while shutting down) and, when Config.Pprof
+// is set, Go's profiles under /debug/pprof/ (net/http/pprof: profile?seconds=N
+// for CPU, heap, goroutine, mutex, block, trace).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
@@ -238,6 +241,13 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	if s.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 

@@ -22,6 +22,7 @@ import (
 func (a *app) proxyCommand() *cobra.Command {
 	var (
 		configFile, upstream, listen, advertised, admin string
+		pprofOn                                         bool
 		portBase                                        int
 		maxRequest                                      int32
 		interceptors                                    []string
@@ -80,6 +81,12 @@ shutdown.timeout.ms) and exits 0.`,
 			}
 			if f.Changed("admin") {
 				cfg.AdminListen = admin
+			}
+			if f.Changed("pprof") {
+				cfg.Pprof = pprofOn
+			}
+			if cfg.Pprof && cfg.AdminListen == "" {
+				return usageErrorf("--pprof (admin.pprof.enabled) serves profiles on the admin listener: set --admin HOST:PORT (admin.listen) too")
 			}
 			if f.Changed("socket-request-max-bytes") {
 				cfg.MaxRequestBytes = maxRequest
@@ -154,6 +161,7 @@ shutdown.timeout.ms) and exits 0.`,
 	f.StringVar(&advertised, "advertised-host", "", "host clients are told for each broker (default: the listen host)")
 	f.IntVar(&portBase, "broker-port-base", 0, "broker node id N listens on `BASE`+N (default: listen port + 1 + N)")
 	f.StringVar(&admin, "admin", "", "HTTP `HOST:PORT` for /metrics and /healthz (default: none)")
+	f.BoolVar(&pprofOn, "pprof", false, "serve Go profiles under /debug/pprof/ on the --admin listener (admin.pprof.enabled; off by default)")
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
 	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
