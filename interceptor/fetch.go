@@ -245,10 +245,33 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 	sort.Slice(fp.aborted, func(i, j int) bool { return fp.aborted[i].FirstOffset < fp.aborted[j].FirstOffset })
 	aborting := map[int64]bool{}
 	aborted := fp.aborted
+	// The output is fp.set's first passed bytes (batches passed on
+	// unchanged, not copied) until a batch is rewritten or left out; from
+	// then on it is a copy in r.out (copied: true).
+	passed, copied := 0, false
+	emitted := func() int64 {
+		if copied {
+			return int64(len(r.out))
+		}
+		return int64(passed)
+	}
+	copyOut := func() {
+		if !copied {
+			r.out, copied = append(make([]byte, 0, len(fp.set)), fp.set[:passed]...), true
+		}
+	}
+	// pass emits raw, the next batch of fp.set, unchanged.
+	pass := func(raw []byte) {
+		if copied {
+			r.out = append(r.out, raw...)
+		} else {
+			passed += len(raw)
+		}
+	}
 	// room reports whether n more bytes fit; the response's first record
 	// always does.
 	room := func(n int64) bool {
-		return fp.limit < 0 || int64(len(r.out))+n <= fp.limit
+		return fp.limit < 0 || emitted()+n <= fp.limit
 	}
 	rest := fp.set
 	for len(rest) > 0 && !r.cut {
@@ -282,34 +305,47 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			}
 			if attrs&attrControl != 0 {
 				delete(aborting, pid) // a marker ends the transaction
-				if !room(int64(len(raw))) && !(fp.firstOK && len(r.out) == 0) {
+				if !room(int64(len(raw))) && !(fp.firstOK && emitted() == 0) {
 					r.changed, r.cut = true, true
 					break
 				}
-				r.out = append(r.out, raw...)
+				pass(raw)
 				continue
 			}
 			inAborted = attrs&attrTransactional != 0 && aborting[pid]
 		}
-		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, int64(len(r.out)), room, inAborted)
+		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted)
 		if err != nil {
-			r.out = append(r.out, nb...) // the records before the failing one, if any
+			if len(nb) > 0 { // the records before the failing one
+				copyOut()
+				r.out = append(r.out, nb...)
+			} else if !copied {
+				r.out = fp.set[:passed:passed]
+			}
 			r.changed, r.code, r.err = true, codeOf(err, kerr.KafkaStorageError.Code), err
 			return r
 		}
 		if cut {
 			r.changed, r.cut = true, true
 		}
-		if len(nb) == 0 {
-			continue
-		}
-		if len(nb) != len(raw) || &nb[0] != &raw[0] {
+		switch {
+		case len(nb) == 0:
+			// Left out (records before the fetch offset, or cut): the
+			// batches after it no longer follow the ones passed in fp.set.
+			copyOut()
+		case len(nb) != len(raw) || &nb[0] != &raw[0]:
 			r.changed = true
+			copyOut()
+			r.out = append(r.out, nb...)
+		default:
+			pass(raw)
 		}
-		r.out = append(r.out, nb...)
 	}
-	if !r.changed {
+	switch {
+	case !r.changed:
 		r.out = fp.set
+	case !copied:
+		r.out = fp.set[:passed:passed] // cut after the batches passed: no copy
 	}
 	return r
 }
@@ -345,7 +381,9 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	info := batchInfo(&d.hdr, TopicLimit{})
 	dirty := false
 	var failed error // an interceptor's error after some records were kept
-	keep := d.recs[:0:0]
+	// The records kept, filtered in place (keep never passes the record
+	// being read): nothing is copied while every record stays.
+	keep := d.recs[:0]
 	size := int64(batchHeaderLen) // the batch as it will be encoded, uncompressed
 	lastDelta := int32(-1)        // the offset delta of the last record considered
 	first := func() bool { return fp.firstOK && emitted == 0 && len(keep) == 0 }

@@ -202,10 +202,14 @@ func (f fetchSide) GrowsBy(r *Record) (int64, bool) {
 // another topic's object, digest mismatch) fail the partition's fetch with
 // KAFKA_STORAGE_ERROR.
 func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
-	kr := toKgo(r)
-	if r.Aborted || !largemessage.IsOffloaded(&kr) && !largemessage.IsKeyOffloaded(&kr) {
+	// Most records carry no reference: decided on their headers alone,
+	// before the record is copied (a copy that escapes costs an allocation
+	// per record).
+	marks := kgo.Record{Headers: r.Headers}
+	if r.Aborted || !largemessage.IsOffloaded(&marks) && !largemessage.IsKeyOffloaded(&marks) {
 		return nil // an aborted record is dropped by consumers: not resolved
 	}
+	kr := toKgo(r)
 	n, ok := largemessage.ResolvedGrowth(&kr)
 	if !ok {
 		// A reference without size headers (a KIP-only producer): the
