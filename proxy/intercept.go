@@ -377,7 +377,9 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 	release := func() {}
 	body := msg[hlen:]
 	changed := false
-	if needsRewrite(f.key, f.version) {
+	// Produce and Fetch responses are decoded below: their endpoints are
+	// mapped there, on the one decoded response.
+	if needsRewrite(f.key, f.version) && f.key != keyProduce && f.key != keyFetch {
 		b, ch, err := RewriteResponse(f.key, f.version, body, c.s.mapAddress)
 		if err != nil {
 			return nil, release, err
@@ -395,6 +397,10 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		resp.SetVersion(f.version)
 		if err := resp.ReadFrom(body); err != nil {
 			return nil, release, fmt.Errorf("decode Produce v%d response: %w", f.version, err)
+		}
+		var err error
+		if changed, err = c.rewriteDecoded(resp); err != nil {
+			return nil, release, err
 		}
 		// The broker refused a batch as too large although the proxy's
 		// check passed it: the cached max.message.bytes is stale (the
@@ -416,8 +422,11 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			}
 			if len(f.produce.Answered) > 0 {
 				f.produce.Merge(resp)
-				body, changed = resp.AppendTo(nil), true
+				changed = true
 			}
+		}
+		if changed {
+			body = resp.AppendTo(nil)
 		}
 	case keyFetch:
 		if !c.auth.ok() {
@@ -427,6 +436,10 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		resp.SetVersion(f.version)
 		if err := resp.ReadFrom(body); err != nil {
 			return nil, release, fmt.Errorf("decode Fetch v%d response: %w", f.version, err)
+		}
+		var err error
+		if changed, err = c.rewriteDecoded(resp); err != nil {
+			return nil, release, err
 		}
 		c.sessions.opened(resp.SessionID, f.newSession)
 		// A rewritten response is held twice for a moment (its batches,
@@ -489,11 +502,28 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			binary.BigEndian.PutUint32(enc, uint32(len(enc)-4))
 			return enc, release, nil
 		}
+		if changed {
+			body = resp.AppendTo(nil)
+		}
 	}
 	if !changed {
 		return frame, release, nil
 	}
 	return joinFrame(msg[:hlen], body), release, nil
+}
+
+// rewriteDecoded maps the broker endpoints of a decoded Produce or Fetch
+// response (KIP-951) in place, counting the rewrite; changed: it must be
+// encoded again.
+func (c *conn) rewriteDecoded(resp kmsg.Response) (bool, error) {
+	if !needsRewrite(resp.Key(), resp.GetVersion()) {
+		return false, nil
+	}
+	changed, err := rewriteDecoded(resp, c.s.mapAddress)
+	if changed {
+		c.s.m.rewrites.WithLabelValues(apiName(resp.Key())).Inc()
+	}
+	return changed, err
 }
 
 // fetchFrameBytes bounds the bytes of resp encoded as a frame after a

@@ -55,6 +55,16 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, false, fmt.Errorf("decode %s v%d response: %w", kmsg.NameForKey(key), version, err)
 	}
+	if changed, err = rewriteDecoded(resp, m); err != nil || !changed {
+		return nil, false, err
+	}
+	return resp.AppendTo(make([]byte, 0, len(body))), true, nil
+}
+
+// rewriteDecoded maps every broker endpoint of a decoded response through
+// m, in place (RewriteResponse); changed: resp must be encoded again.
+func rewriteDecoded(resp kmsg.Response, m AddressMapper) (changed bool, err error) {
+	version := resp.GetVersion()
 	mapOne := func(node int32, host *string, port *int32) error {
 		h, p, err := m(node, *host, *port)
 		if err != nil {
@@ -69,14 +79,14 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 		for i := range r.Brokers {
 			b := &r.Brokers[i]
 			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
-				return nil, false, err
+				return false, err
 			}
 		}
 	case *kmsg.FindCoordinatorResponse:
 		if version <= 3 {
 			if r.NodeID >= 0 && r.Host != "" {
 				if err := mapOne(r.NodeID, &r.Host, &r.Port); err != nil {
-					return nil, false, err
+					return false, err
 				}
 			}
 		}
@@ -84,7 +94,7 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 			c := &r.Coordinators[i]
 			if c.NodeID >= 0 && c.Host != "" {
 				if err := mapOne(c.NodeID, &c.Host, &c.Port); err != nil {
-					return nil, false, err
+					return false, err
 				}
 			}
 		}
@@ -92,35 +102,35 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 		for i := range r.Brokers {
 			b := &r.Brokers[i]
 			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
-				return nil, false, err
+				return false, err
 			}
 		}
 	case *kmsg.ProduceResponse:
 		for i := range r.Brokers {
 			b := &r.Brokers[i]
 			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
-				return nil, false, err
+				return false, err
 			}
 		}
 	case *kmsg.FetchResponse:
 		for i := range r.Brokers {
 			b := &r.Brokers[i]
 			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
-				return nil, false, err
+				return false, err
 			}
 		}
 	case *kmsg.ShareFetchResponse:
 		for i := range r.NodeEndpoints {
 			b := &r.NodeEndpoints[i]
 			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
-				return nil, false, err
+				return false, err
 			}
 		}
 	case *kmsg.ShareAcknowledgeResponse:
 		for i := range r.NodeEndpoints {
 			b := &r.NodeEndpoints[i]
 			if err := mapOne(b.NodeID, &b.Host, &b.Port); err != nil {
-				return nil, false, err
+				return false, err
 			}
 		}
 	case *kmsg.DescribeConfigsResponse:
@@ -151,13 +161,8 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 				r.Nodes[i].Listeners, changed = nil, true
 			}
 		}
-	default:
-		return nil, false, nil
 	}
-	if !changed {
-		return nil, false, nil
-	}
-	return resp.AppendTo(make([]byte, 0, len(body))), true, nil
+	return changed, nil
 }
 
 // addressConfig reports whether a broker config names network endpoints

@@ -180,3 +180,83 @@ func fetchShape(version int16, body []byte, flexible bool) (topics, partitions i
 	}
 	return topics, partitions, nil
 }
+
+// namesBrokers reports whether a Produce (v10+) or Fetch (v16+) response
+// body carries KIP-951 NodeEndpoints (its top-level tagged field 0), the
+// only broker endpoints these responses have: a broker adds them when a
+// partition's leader moved (NOT_LEADER_OR_FOLLOWER with the new leader).
+// It walks the body as kmsg decodes it, without allocating, so a response
+// that names no broker (nearly all) is forwarded as it came instead of
+// being decoded. An error (a body that does not decode this way) sends the
+// response through the full decode (RewriteResponse), which decides.
+func namesBrokers(key, version int16, body []byte) (bool, error) {
+	s := scanner{b: kbin.Reader{Src: body}, flexible: true}
+	switch {
+	case key == keyProduce && version >= 10:
+		topics := s.arrayLen()
+		for t := int64(0); t < topics && s.b.Ok(); t++ {
+			if version >= 13 {
+				s.b.Uuid()
+			} else {
+				s.str()
+			}
+			n := s.arrayLen()
+			for p := int64(0); p < n && s.b.Ok(); p++ {
+				s.b.Int32() // partition
+				s.b.Int16() // error code
+				s.b.Int64() // base offset
+				s.b.Int64() // log append time
+				s.b.Int64() // log start offset
+				errs := s.arrayLen()
+				for e := int64(0); e < errs && s.b.Ok(); e++ {
+					s.b.Int32() // relative offset
+					s.nullableStr()
+					s.tags()
+				}
+				s.nullableStr() // error message
+				s.tags()        // current leader (tag 0) among them
+			}
+			s.tags()
+		}
+		s.b.Int32() // throttle
+	case key == keyFetch && version >= 16:
+		s.b.Int32() // throttle
+		s.b.Int16() // error code
+		s.b.Int32() // session id
+		topics := s.arrayLen()
+		for t := int64(0); t < topics && s.b.Ok(); t++ {
+			s.b.Uuid()
+			n := s.arrayLen()
+			for p := int64(0); p < n && s.b.Ok(); p++ {
+				s.b.Int32() // partition
+				s.b.Int16() // error code
+				s.b.Int64() // high watermark
+				s.b.Int64() // last stable offset
+				s.b.Int64() // log start offset
+				aborted := s.arrayLen()
+				for a := int64(0); a < aborted && s.b.Ok(); a++ {
+					s.b.Int64() // producer id
+					s.b.Int64() // first offset
+					s.tags()
+				}
+				s.b.Int32()       // preferred read replica
+				s.nullableBytes() // records
+				s.tags()          // diverging epoch, current leader, snapshot id
+			}
+			s.tags()
+		}
+	default:
+		return false, errShape
+	}
+	found := false
+	for n := s.b.Uvarint(); n > 0 && s.b.Ok(); n-- {
+		if s.b.Uvarint() == 0 {
+			found = true
+		}
+		s.b.Span(int(s.b.Uvarint()))
+	}
+	if err := s.b.Complete(); err != nil {
+		return false, errShape
+	}
+	return found, nil
+}

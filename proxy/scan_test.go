@@ -2,6 +2,9 @@ package proxy
 
 import (
 	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -54,4 +57,140 @@ func TestShapeNegativeArrayLength(t *testing.T) {
 	if err := dec.ReadFrom(body); err != nil || len(dec.Topics) != 3 || len(dec.Topics[2].Partitions) != 0 {
 		t.Fatalf("kmsg: %v, %d topics", err, len(dec.Topics))
 	}
+}
+
+// endpointResponses builds Produce (v10+) and Fetch (v16+) responses of
+// every version kmsg knows, with and without KIP-951 endpoints, with the
+// fields that vary in size filled (error records and messages, aborted
+// transactions, per-partition tags, records), seeded by r.
+func endpointResponses(r *rand.Rand) []kmsg.Response {
+	var out []kmsg.Response
+	str := func() string { return strings.Repeat("x", r.IntN(40)) }
+	for v := int16(10); v <= kmsg.NewPtrProduceResponse().MaxVersion(); v++ {
+		for _, brokers := range []int{0, 1, 3} {
+			resp := kmsg.NewPtrProduceResponse()
+			resp.Version = v
+			for ti := range 1 + r.IntN(3) {
+				rt := kmsg.NewProduceResponseTopic()
+				rt.Topic = fmt.Sprint("t", ti)
+				rt.TopicID[0] = byte(ti + 1)
+				for p := range 1 + r.IntN(4) {
+					rp := kmsg.NewProduceResponseTopicPartition()
+					rp.Partition, rp.BaseOffset = int32(p), r.Int64()
+					if r.IntN(2) == 0 {
+						rp.ErrorCode = 6
+						msg := str()
+						rp.ErrorMessage = &msg
+						rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = 1, 7
+						for range r.IntN(3) {
+							e := kmsg.NewProduceResponseTopicPartitionErrorRecord()
+							e.RelativeOffset = int32(r.IntN(100))
+							m := str()
+							e.ErrorMessage = &m
+							rp.ErrorRecords = append(rp.ErrorRecords, e)
+						}
+					}
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			for b := range brokers {
+				br := kmsg.NewProduceResponseBroker()
+				br.NodeID, br.Host, br.Port = int32(b), "broker-"+str(), 9092
+				resp.Brokers = append(resp.Brokers, br)
+			}
+			out = append(out, resp)
+		}
+	}
+	for v := int16(16); v <= kmsg.NewPtrFetchResponse().MaxVersion(); v++ {
+		for _, brokers := range []int{0, 1, 3} {
+			resp := kmsg.NewPtrFetchResponse()
+			resp.Version, resp.SessionID = v, r.Int32()
+			for ti := range 1 + r.IntN(3) {
+				rt := kmsg.NewFetchResponseTopic()
+				rt.TopicID[0] = byte(ti + 1)
+				for p := range 1 + r.IntN(4) {
+					rp := kmsg.NewFetchResponseTopicPartition()
+					rp.Partition, rp.HighWatermark = int32(p), r.Int64()
+					rp.RecordBatches = make([]byte, r.IntN(300))
+					for range r.IntN(3) {
+						a := kmsg.NewFetchResponseTopicPartitionAbortedTransaction()
+						a.ProducerID, a.FirstOffset = r.Int64(), r.Int64()
+						rp.AbortedTransactions = append(rp.AbortedTransactions, a)
+					}
+					if r.IntN(2) == 0 {
+						rp.ErrorCode, rp.RecordBatches = 6, nil
+						rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = 2, 3
+						rp.DivergingEpoch.Epoch, rp.DivergingEpoch.EndOffset = 4, 5
+					}
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			for b := range brokers {
+				br := kmsg.NewFetchResponseBroker()
+				br.NodeID, br.Host, br.Port = int32(b), "broker-"+str(), 9092
+				resp.Brokers = append(resp.Brokers, br)
+			}
+			out = append(out, resp)
+		}
+	}
+	return out
+}
+
+// brokersOf is what kmsg decodes of a response's KIP-951 endpoints.
+func brokersOf(resp kmsg.Response) int {
+	switch r := resp.(type) {
+	case *kmsg.ProduceResponse:
+		return len(r.Brokers)
+	case *kmsg.FetchResponse:
+		return len(r.Brokers)
+	}
+	return 0
+}
+
+// namesBrokers agrees with kmsg on every version: a response forwarded
+// without decoding never carries an endpoint, and any truncation of it is
+// an error (sent through the full decode), never "no endpoint".
+func TestNamesBrokersAgreesWithKmsg(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	checked := 0
+	for range 20 {
+		for _, resp := range endpointResponses(r) {
+			body := resp.AppendTo(nil)
+			named, err := namesBrokers(resp.Key(), resp.GetVersion(), body)
+			if err != nil || named != (brokersOf(resp) > 0) {
+				t.Fatalf("%s v%d with %d brokers: namesBrokers = %v, %v", kmsg.NameForKey(resp.Key()), resp.GetVersion(), brokersOf(resp), named, err)
+			}
+			for cut := range len(body) {
+				if named, err := namesBrokers(resp.Key(), resp.GetVersion(), body[:cut]); err == nil && !named && brokersOf(resp) > 0 {
+					t.Fatalf("%s v%d cut at %d of %d: no endpoint found and no error", kmsg.NameForKey(resp.Key()), resp.GetVersion(), cut, len(body))
+				}
+			}
+			checked++
+		}
+	}
+	if _, err := namesBrokers(keyProduce, 9, nil); err == nil {
+		t.Error("Produce v9 has no endpoints: want an error (the caller decodes)")
+	}
+	t.Logf("%d responses checked", checked)
+}
+
+// FuzzNamesBrokers: whatever the bytes, a body namesBrokers passes as
+// naming no broker decodes (kmsg) to no broker, or does not decode.
+func FuzzNamesBrokers(f *testing.F) {
+	for _, resp := range endpointResponses(rand.New(rand.NewPCG(3, 4))) {
+		f.Add(resp.Key(), resp.GetVersion(), resp.AppendTo(nil))
+	}
+	f.Fuzz(func(t *testing.T, key, version int16, body []byte) {
+		named, err := namesBrokers(key, version, body)
+		if err != nil || named {
+			return
+		}
+		resp := kmsg.ResponseForKey(key)
+		resp.SetVersion(version)
+		if resp.ReadFrom(body) == nil && brokersOf(resp) > 0 {
+			t.Fatalf("%s v%d: namesBrokers found no endpoint, kmsg decodes %d", kmsg.NameForKey(key), version, brokersOf(resp))
+		}
+	})
 }
