@@ -85,6 +85,8 @@ type conn struct {
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
 
+	writeDeadline time.Time // the client's write deadline (writer goroutine only)
+
 	auth     saslState
 	sessions fetchSessions // the client's incremental fetch sessions (KIP-227)
 }
@@ -274,7 +276,7 @@ func (c *conn) readRequest() bool {
 		}
 	}
 	if !whole {
-		c.s.m.requests.WithLabelValues(apiName(h.Key)).Inc()
+		c.s.m.request(h.Key)
 		c.s.m.bytesIn.Add(float64(4 + size))
 		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
 		if acks != 0 && !c.enqueue(f) {
@@ -391,7 +393,7 @@ func (c *conn) handleWhole(frame []byte) bool {
 		}
 		expectResponse = acks != 0
 	}
-	c.s.m.requests.WithLabelValues(apiName(h.Key)).Inc()
+	c.s.m.request(h.Key)
 	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
 	switch h.Key {
 	case keySASLHandshake:
@@ -605,8 +607,10 @@ func (c *conn) writeLoop() {
 	ready := c.upReady // nil once the upstream is watched
 	var req chan struct{}
 	res := make(chan error, 1)
-	watching := false
-	watch := func() bool {
+	watching := false // a peek is outstanding: its outcome comes on res
+	// watcher starts the goroutine that peeks while nothing is in flight,
+	// once upstream is dialled; false: the dial failed.
+	watcher := func() bool {
 		if ready != nil {
 			if c.upErr != nil {
 				return false
@@ -614,47 +618,56 @@ func (c *conn) writeLoop() {
 			req, ready = make(chan struct{}, 1), nil
 			go c.watchUpstream(req, res)
 		}
-		if !watching {
-			req <- struct{}{}
-			watching = true
-		}
 		return true
 	}
 	for {
-		if ready == nil && !watch() {
-			return
-		}
 		f = nil
-		select {
-		case g, ok := <-c.pending:
+		if g, ok, queued := tryPending(c.pending); queued {
+			// A request is waiting (pipelined): its response is read
+			// straight away, without a hand-off to the watcher.
 			if !ok {
 				return
 			}
 			f = g
-		case err := <-res:
-			watching = false
-			// A request is queued before it is forwarded, so the request
-			// a response answers is in pending by the time its bytes
-			// arrive; but when both are ready, select picks either. Take
-			// it now if it is there.
-			if g, ok, queued := tryPending(c.pending); queued {
+		} else {
+			if ready == nil && !watching {
+				req <- struct{}{}
+				watching = true
+			}
+			select {
+			case g, ok := <-c.pending:
 				if !ok {
 					return
 				}
 				f = g
-				break
-			}
-			if err == nil {
-				c.fail("upstream_io", "response from the upstream broker without a request", nil)
+			case err := <-res:
+				watching = false
+				// A request is queued before it is forwarded, so the
+				// request a response answers is in pending by the time
+				// its bytes arrive; but when both are ready, select
+				// picks either. Take it now if it is there.
+				if g, ok, queued := tryPending(c.pending); queued {
+					if !ok {
+						return
+					}
+					f = g
+					break
+				}
+				if err == nil {
+					c.fail("upstream_io", "response from the upstream broker without a request", nil)
+					return
+				}
+				if !c.closed() {
+					c.s.m.errors.WithLabelValues("upstream_io").Inc()
+					c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
+				}
 				return
+			case <-ready:
+				if !watcher() {
+					return
+				}
+				continue
 			}
-			if !c.closed() {
-				c.s.m.errors.WithLabelValues("upstream_io").Inc()
-				c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
-			}
-			return
-		case <-ready:
-			continue // dialled: watch it from now on (loop top)
 		}
 		if f.local != nil {
 			if !c.write(f, f.local) {
@@ -669,21 +682,24 @@ func (c *conn) writeLoop() {
 				return
 			}
 		}
-		if !watch() {
+		if !watcher() {
 			return
 		}
-		// The response's first bytes (or the end) end the peek.
-		select {
-		case err := <-res:
-			watching = false
-			if err != nil {
-				if !c.closed() {
-					c.fail("upstream_io", "read from the upstream broker failed", err)
+		if watching {
+			// The watcher is peeking: its outcome (the response's first
+			// bytes, or the end) comes first; then the writer reads.
+			select {
+			case err := <-res:
+				watching = false
+				if err != nil {
+					if !c.closed() {
+						c.fail("upstream_io", "read from the upstream broker failed", err)
+					}
+					return
 				}
+			case <-c.done:
 				return
 			}
-		case <-c.done:
-			return
 		}
 		if !c.answer(f) {
 			return
@@ -720,25 +736,40 @@ func (c *conn) answer(f *inflight) bool {
 		c.answered(f, int64(4+size))
 		return true
 	}
-	var charged int64
-	defer func() { c.s.mem.Give(charged) }()
-	frame, err := readFrameCharged(c.ur, c.s.cfg.MaxResponseBytes, func(n int64) error {
-		if err := c.s.mem.TakeUnqueued(c.ctx, n); err != nil {
-			return err
-		}
-		charged += n
-		return nil
-	}, func(n int64) {
-		c.s.mem.Give(n)
-		charged -= n
-	})
-	if err != nil {
-		if !c.closed() {
-			kind := "upstream_io"
-			if errors.Is(err, interceptor.ErrMemoryBusy) {
-				kind = "memory"
+	if n := 4 + int(size); n <= readerSize && !(c.s.ic != nil && (f.key == keyProduce || f.key == keyFetch)) {
+		// A small frame no interceptor reads is looked at where it lies,
+		// in the connection's read buffer, and discarded once written.
+		frame, err := c.ur.Peek(n)
+		if err != nil {
+			if !c.closed() {
+				c.fail("upstream_io", "read from the upstream broker failed", eofInFrame(err))
 			}
-			c.fail(kind, "read from the upstream broker failed", err)
+			return false
+		}
+		out, release, err := c.response(f, frame)
+		if err != nil {
+			c.fail("rewrite", "bad response from the upstream broker", err)
+			return false
+		}
+		ok := c.write(f, out)
+		release()
+		_, _ = c.ur.Discard(n)
+		return ok
+	}
+	// The broker (trusted) sends the whole frame at once: it is read into
+	// a pooled buffer of its size class, charged to the budget first.
+	_, charged, _ := poolClass(4 + int(size))
+	if err := c.s.mem.TakeUnqueued(c.ctx, int64(charged)); err != nil {
+		if !c.closed() {
+			c.fail("memory", "no room in proxy.memory.max.bytes for a response from the upstream broker", err)
+		}
+		return false
+	}
+	defer c.s.mem.Give(int64(charged))
+	frame := getFrame(4 + int(size))
+	if _, err := io.ReadFull(c.ur, frame); err != nil {
+		if !c.closed() {
+			c.fail("upstream_io", "read from the upstream broker failed", eofInFrame(err))
 		}
 		return false
 	}
@@ -747,8 +778,15 @@ func (c *conn) answer(f *inflight) bool {
 		c.fail("rewrite", "bad response from the upstream broker", err)
 		return false
 	}
-	defer release()
-	return c.write(f, out)
+	ok := c.write(f, out)
+	release()
+	if ok && &out[0] == &frame[0] {
+		// Forwarded as it came: nothing holds it now (an intercepted
+		// response comes back unchanged only when every interceptor
+		// call has returned).
+		putFrame(frame)
+	}
+	return ok
 }
 
 // write writes a whole response frame to the client.
@@ -768,10 +806,22 @@ func (c *conn) write(f *inflight, out []byte) bool {
 // is idle, as the broker sees it (its idle clock moves only with socket
 // progress): the write fails and the connection closes, releasing what was
 // held for it.
+//
+// The deadline moves at most every hundredth of the timeout (at most every
+// second): a blocked write fails between 99% and 100% of
+// connections.max.idle.ms after the last progress, and a busy connection
+// does not reset a timer per response.
 func (c *conn) setWriteDeadline() {
-	if c.s.cfg.IdleTimeout > 0 {
-		_ = c.client.SetWriteDeadline(time.Now().Add(c.s.cfg.IdleTimeout))
+	idle := c.s.cfg.IdleTimeout
+	if idle <= 0 {
+		return
 	}
+	now := time.Now()
+	if c.writeDeadline.Sub(now) > idle-min(idle/100, time.Second) {
+		return
+	}
+	c.writeDeadline = now.Add(idle)
+	_ = c.client.SetWriteDeadline(c.writeDeadline)
 }
 
 // answered accounts for a response written.
@@ -781,7 +831,7 @@ func (c *conn) answered(f *inflight, n int64) {
 	now := time.Now()
 	c.active.Store(now.UnixNano())
 	c.inFlight.Add(-1)
-	c.s.m.latency.WithLabelValues(apiName(f.key)).Observe(now.Sub(f.start).Seconds())
+	c.s.m.observeLatency(f.key, now.Sub(f.start).Seconds())
 }
 
 // response checks a response frame against its request and returns the
@@ -813,6 +863,11 @@ func (c *conn) response(f *inflight, frame []byte) ([]byte, func(), error) {
 			return nil, nop, err
 		}
 	case needsRewrite(f.key, f.version):
+		if f.key == keyProduce || f.key == keyFetch {
+			if named, err := namesBrokers(f.key, f.version, msg[hlen:]); err == nil && !named {
+				return frame, nop, nil // no endpoint: forwarded without decoding
+			}
+		}
 		var changed bool
 		body, changed, err = RewriteResponse(f.key, f.version, msg[hlen:], c.s.mapAddress)
 		if err != nil {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -24,6 +25,46 @@ type metrics struct {
 	rewrites         *prometheus.CounterVec // api
 	listeners        prometheus.Gauge
 	idleClosed       prometheus.Counter
+
+	// The children of requests and latency by API key, made at a key's
+	// first use (a series appears at its first count) and kept, so the
+	// hot path does not hash label values per request.
+	requestsBy [metricKeys]atomic.Pointer[prometheus.Counter]
+	latencyBy  [metricKeys]atomic.Pointer[prometheus.Observer]
+}
+
+// metricKeys: API keys below it have their children cached (Kafka's keys
+// are below 100 today; others are counted through the label lookup).
+const metricKeys = 128
+
+// request counts a request of key.
+func (m *metrics) request(key int16) {
+	if key < 0 || int(key) >= metricKeys {
+		m.requests.WithLabelValues(apiName(key)).Inc()
+		return
+	}
+	c := m.requestsBy[key].Load()
+	if c == nil {
+		v := m.requests.WithLabelValues(apiName(key))
+		c = &v
+		m.requestsBy[key].Store(c)
+	}
+	(*c).Inc()
+}
+
+// observeLatency records the time a request of key took, in seconds.
+func (m *metrics) observeLatency(key int16, seconds float64) {
+	if key < 0 || int(key) >= metricKeys {
+		m.latency.WithLabelValues(apiName(key)).Observe(seconds)
+		return
+	}
+	o := m.latencyBy[key].Load()
+	if o == nil {
+		v := m.latency.WithLabelValues(apiName(key))
+		o = &v
+		m.latencyBy[key].Store(o)
+	}
+	(*o).Observe(seconds)
 }
 
 // observe registers the gauges read from the server's state: the memory

@@ -1,0 +1,51 @@
+package proxy
+
+import (
+	"math/bits"
+	"sync"
+)
+
+// Frame buffers read whole from brokers (responses the proxy must look at)
+// come from pools by size class, powers of two from 64 KiB to 64 MiB, so a
+// busy connection does not allocate (and the runtime zero and later scan) a
+// fresh buffer per response. Smaller frames are read through the
+// connection's bufio.Reader allocation; larger ones get their own buffer.
+const (
+	minPoolShift = 16
+	maxPoolShift = 26
+)
+
+var framePools [maxPoolShift - minPoolShift + 1]sync.Pool
+
+// poolClass is the class of a buffer of n bytes, and its capacity; ok
+// false: not pooled.
+func poolClass(n int) (class, capacity int, ok bool) {
+	if n <= 1<<minPoolShift/2 || n > 1<<maxPoolShift {
+		return 0, n, false
+	}
+	shift := max(bits.Len(uint(n-1)), minPoolShift)
+	return shift - minPoolShift, 1 << shift, true
+}
+
+// getFrame returns a buffer of length n: from its class's pool when pooled
+// (capacity: the class size), else allocated.
+func getFrame(n int) []byte {
+	class, capacity, ok := poolClass(n)
+	if !ok {
+		return make([]byte, n)
+	}
+	if p, _ := framePools[class].Get().(*[]byte); p != nil {
+		return (*p)[:n]
+	}
+	return make([]byte, n, capacity)
+}
+
+// putFrame gives b back to its pool; nothing may use b afterwards.
+func putFrame(b []byte) {
+	class, capacity, ok := poolClass(cap(b))
+	if !ok || capacity != cap(b) {
+		return
+	}
+	b = b[:0]
+	framePools[class].Put(&b)
+}
