@@ -26,6 +26,10 @@ import (
 //     FERRY_KAFKA_BROKERS, left at Kafka's default 1 MiB limits. The proxy
 //     takes requests up to 256 MiB (socket.request.max.bytes) and gives each
 //     interceptor call 60 s (produce.request.interceptor.timeout.ms).
+//     With FERRY_BENCH_PROXY_ADDR set, proxy-lm goes instead through the
+//     ferry proxy process listening there (configured the same way by the
+//     caller, its file store in FERRY_BENCH_PROXY_STORE), so the caller can
+//     read that process's peak RSS.
 //
 // Sub-benchmarks are MODE/SIZE, SIZE 10MiB or 100MiB. The client is the same
 // franz-go configuration on both sides: no compression (the random values
@@ -48,6 +52,18 @@ func BenchmarkLarge(b *testing.B) {
 				admin = bootstrap
 			case "proxy-lm":
 				admin = brokers(b)
+				if addr := os.Getenv("FERRY_BENCH_PROXY_ADDR"); addr != "" {
+					// A separate ferry proxy process (scripts/bench large starts
+					// one per round and size, to read its peak RSS): it must run
+					// large-message with its file store in FERRY_BENCH_PROXY_STORE,
+					// in front of FERRY_KAFKA_BROKERS.
+					store = os.Getenv("FERRY_BENCH_PROXY_STORE")
+					if store == "" {
+						b.Fatal("FERRY_BENCH_PROXY_ADDR is set without FERRY_BENCH_PROXY_STORE (the proxy's file store directory)")
+					}
+					bootstrap = addr
+					break
+				}
 				store = b.TempDir()
 				bootstrap = startProxyServer(b, proxy.Config{
 					Upstream:           proxy.SplitList(admin),
