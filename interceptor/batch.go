@@ -152,12 +152,23 @@ func decodeBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, err
 // recordWireLen is the length of r in a batch's records section, its
 // length varint included.
 func recordWireLen(r *kmsg.Record) int64 {
-	n := 1 + kbin.VarlongLen(r.TimestampDelta64) + kbin.VarintLen(r.OffsetDelta) +
+	n := recordBodyLen(r)
+	return int64(kbin.VarintLen(int32(n)) + n)
+}
+
+// recordBodyLen is the length of r's encoding after its length varint
+// (the Length field kmsg writes), as kmsg's Record.AppendTo encodes it.
+func recordBodyLen(r *kmsg.Record) int {
+	ts := r.TimestampDelta64
+	if ts == 0 {
+		ts = int64(r.TimestampDelta) // kmsg's fallback
+	}
+	n := 1 + kbin.VarlongLen(ts) + kbin.VarintLen(r.OffsetDelta) +
 		varintBytesLen(r.Key) + varintBytesLen(r.Value) + kbin.VarintLen(int32(len(r.Headers)))
 	for _, h := range r.Headers {
 		n += kbin.VarintLen(int32(len(h.Key))) + len(h.Key) + varintBytesLen(h.Value)
 	}
-	return int64(kbin.VarintLen(int32(n)) + n)
+	return n
 }
 
 func varintBytesLen(b []byte) int {
@@ -225,6 +236,16 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	var tmp []byte
 	for i := range d.recs {
 		r := &d.recs[i]
+		// Encoded in place with its length known in advance: a record
+		// (a payload put back, say 100 MiB) is copied once, not twice.
+		start := len(buf)
+		r.Length = int32(recordBodyLen(r))
+		buf = r.AppendTo(buf)
+		if len(buf)-start == int(recordWireLen(r)) {
+			continue
+		}
+		// A field the length did not foresee: measured by encoding.
+		buf = buf[:start]
 		r.Length = 0
 		tmp = r.AppendTo(tmp[:0]) // a 1-byte zero length, then the body
 		r.Length = int32(len(tmp) - 1)

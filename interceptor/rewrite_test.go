@@ -529,3 +529,20 @@ func TestProduceDuplicatePartitionsKeepLast(t *testing.T) {
 		t.Fatalf("forwarded entries %v, want [t/1 u/0 t/0]", got)
 	}
 }
+
+// encode writes each record straight into the batch with the length
+// recordBodyLen foresees; it must be the length kmsg writes, or every
+// record would take the measured (copying) path.
+func TestRecordLenMatchesKmsg(t *testing.T) {
+	for _, r := range []kmsg.Record{
+		{TimestampDelta64: 5, OffsetDelta: 3, Key: []byte("k"), Value: make([]byte, 100<<10),
+			Headers: []kmsg.Header{{Key: "a", Value: []byte("b")}, {Key: "n"}}},
+		{TimestampDelta: 7}, // kmsg's fallback when TimestampDelta64 is 0
+		{TimestampDelta64: -1 << 40, OffsetDelta: 1 << 30, Key: []byte{}},
+	} {
+		r.Length = int32(recordBodyLen(&r))
+		if got := len(r.AppendTo(nil)); got != int(recordWireLen(&r)) {
+			t.Errorf("kmsg encodes %d bytes, recordWireLen says %d", got, recordWireLen(&r))
+		}
+	}
+}
