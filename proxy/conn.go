@@ -54,6 +54,9 @@ type inflight struct {
 	// newSession: the state of the fetch session the request opens
 	// (epoch 0), bound to the id its response gives.
 	newSession *fetchSession
+	// parts: the response frame as a vector, when the proxy rewrote it
+	// with large record sets left where they lie (fetchframe.go).
+	parts net.Buffers
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -216,6 +219,11 @@ func (c *conn) ensureUpstream() bool {
 	c.log.Debug("connection open", "upstream", up.RemoteAddr().String())
 	return true
 }
+
+// watchAfter is how long the writer, with nothing queued, waits for the
+// next request before the watcher peeks at the upstream connection: a
+// broker closing an idle connection is seen within it.
+const watchAfter = 20 * time.Millisecond
 
 // readerSize is the buffer of each side's bufio.Reader: small frames are
 // read through it; larger ones stream or are read into their own buffers.
@@ -620,6 +628,9 @@ func (c *conn) writeLoop() {
 		}
 		return true
 	}
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	defer idle.Stop()
 	for {
 		f = nil
 		if g, ok, queued := tryPending(c.pending); queued {
@@ -631,9 +642,27 @@ func (c *conn) writeLoop() {
 			f = g
 		} else {
 			if ready == nil && !watching {
-				req <- struct{}{}
-				watching = true
+				// Nothing queued: the next request usually follows soon
+				// (a client's next batch), so the writer waits for it a
+				// moment before handing the upstream to the watcher,
+				// which costs two goroutine wake-ups per idle spell.
+				idle.Reset(watchAfter)
+				select {
+				case g, ok := <-c.pending:
+					idle.Stop() // (Go 1.23+: no stale tick is left to drain)
+					if !ok {
+						return
+					}
+					f = g
+				case <-idle.C:
+				}
+				if f == nil {
+					req <- struct{}{}
+					watching = true
+				}
 			}
+		}
+		if f == nil {
 			select {
 			case g, ok := <-c.pending:
 				if !ok {
@@ -778,9 +807,14 @@ func (c *conn) answer(f *inflight) bool {
 		c.fail("rewrite", "bad response from the upstream broker", err)
 		return false
 	}
-	ok := c.write(f, out)
+	var ok bool
+	if out == nil && f.parts != nil {
+		ok = c.writeParts(f)
+	} else {
+		ok = c.write(f, out)
+	}
 	release()
-	if ok && &out[0] == &frame[0] {
+	if ok && len(out) > 0 && &out[0] == &frame[0] {
 		// Forwarded as it came: nothing holds it now (an intercepted
 		// response comes back unchanged only when every interceptor
 		// call has returned).
@@ -799,6 +833,25 @@ func (c *conn) write(f *inflight, out []byte) bool {
 		return false
 	}
 	c.answered(f, int64(len(out)))
+	return true
+}
+
+// writeParts writes f's response frame given as a vector (writev).
+func (c *conn) writeParts(f *inflight) bool {
+	n := int64(0)
+	for _, b := range f.parts {
+		n += int64(len(b))
+	}
+	c.setWriteDeadline()
+	parts := f.parts
+	f.parts = nil
+	if _, err := parts.WriteTo(c.client); err != nil {
+		if !c.closed() {
+			c.fail("client_io", "write to client failed", err)
+		}
+		return false
+	}
+	c.answered(f, n)
 	return true
 }
 

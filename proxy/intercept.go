@@ -479,11 +479,16 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			// each other for good. At the end of the budget the records
 			// are dropped for a retriable error, which needs almost no
 			// memory, and the consumer fetches them again.
+			// Large record sets are written from where they lie
+			// (fetchframe.go): only the rest of the frame is encoded.
+			large := detachLarge(resp)
 			est := fetchFrameBytes(resp, hlen)
 			ctx, cancel := context.WithTimeout(c.ctx, c.s.ic.chain.Timeout())
 			err := c.s.mem.Take(ctx, est)
 			cancel()
 			if err != nil {
+				reattach(large)
+				large = nil
 				out.Release()
 				release = func() {}
 				n := dropFetchRecords(resp, kerr.KafkaStorageError.Code)
@@ -500,6 +505,18 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			enc := append(make([]byte, 4, est), msg[:hlen]...)
 			enc = resp.AppendTo(enc)
 			binary.BigEndian.PutUint32(enc, uint32(len(enc)-4))
+			if len(large) > 0 {
+				parts, err := spliceFrame(f.version, enc, 4+hlen, large)
+				if err == nil {
+					f.parts = parts
+					return nil, release, nil
+				}
+				// Not expected (the walk follows kmsg): encoded whole.
+				c.log.Warn("a rewritten fetch response could not be written in parts; encoding it whole", "err", err)
+				reattach(large)
+				enc = append(enc[:4+hlen], resp.AppendTo(nil)...)
+				binary.BigEndian.PutUint32(enc, uint32(len(enc)-4))
+			}
 			return enc, release, nil
 		}
 		if changed {
