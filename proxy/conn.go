@@ -313,8 +313,10 @@ func (c *conn) readRequest() bool {
 		c.readError(err)
 		return false
 	}
-	defer release()
-	return c.handleWhole(frame)
+	ok := c.handleWhole(frame)
+	release()
+	c.s.collectLarge(int64(size))
+	return ok
 }
 
 // wantsRequest reports whether a request must be read whole: the proxy
@@ -808,12 +810,17 @@ func (c *conn) answer(f *inflight) bool {
 		return false
 	}
 	var ok bool
+	written := int64(len(out))
 	if out == nil && f.parts != nil {
+		for _, b := range f.parts {
+			written += int64(len(b))
+		}
 		ok = c.writeParts(f)
 	} else {
 		ok = c.write(f, out)
 	}
 	release()
+	c.s.collectLarge(max(int64(size), written))
 	if ok && len(out) > 0 && &out[0] == &frame[0] {
 		// Forwarded as it came: nothing holds it now (an intercepted
 		// response comes back unchanged only when every interceptor
