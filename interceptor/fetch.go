@@ -335,6 +335,13 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			copyOut()
 		case len(nb) != len(raw) || &nb[0] != &raw[0]:
 			r.changed = true
+			if !copied && passed == 0 {
+				// The first batch out is a rewritten one (a payload put
+				// back: perhaps 100 MiB): it is the output so far, not
+				// copied into a new one.
+				r.out, copied = nb, true
+				break
+			}
 			copyOut()
 			r.out = append(r.out, nb...)
 		default:
