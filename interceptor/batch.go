@@ -72,6 +72,10 @@ type decodedBatch struct {
 	// transient is what decoding charged to the ledger (decompressed
 	// bytes, decoded structures), given back once the batch is done.
 	transient int64
+	// headroom: encode leaves this many bytes in front of the batch, for
+	// the caller to fill (the record set the batch follows), so a large
+	// batch is never copied to be joined to a small prefix.
+	headroom int
 }
 
 // decodeBatch checks raw's magic and CRC and decodes its records,
@@ -215,7 +219,8 @@ func heldOf(l *ledger) int64 {
 	return l.held
 }
 
-// encode builds the batch's wire bytes: records encoded with their lengths,
+// encode builds the batch's wire bytes (after d.headroom bytes left for the
+// caller): records encoded with their lengths,
 // compressed with the batch's codec by franz-go's compressor, the length
 // and CRC-32C recomputed. All other header fields are taken from d.hdr. The
 // output is charged to l (it lives until the request is forwarded or the
@@ -229,10 +234,12 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	// back (large-message on fetch). Uncompressed, the records are written
 	// in place after the header's room; compressed, into a buffer that the
 	// compressed output then replaces.
+	room := d.headroom
+	size += int64(room)
 	if err := l.charge(ctx, size); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, batchHeaderLen, size)
+	buf := make([]byte, room+batchHeaderLen, size)
 	var tmp []byte
 	for i := range d.recs {
 		r := &d.recs[i]
@@ -252,7 +259,7 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 		buf = kbin.AppendVarint(buf, r.Length)
 		buf = append(buf, tmp[1:]...)
 	}
-	recs := buf[batchHeaderLen:]
+	recs := buf[room+batchHeaderLen:]
 	codec := d.hdr.Attributes & attrCodecMask
 	if codec != 0 {
 		comp, err := compress(kgo.CompressionCodecType(codec), recs)
@@ -260,13 +267,13 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 			l.give(size)
 			return nil, err
 		}
-		if err := l.charge(ctx, int64(batchHeaderLen+len(comp))); err != nil {
+		if err := l.charge(ctx, int64(room+batchHeaderLen+len(comp))); err != nil {
 			l.give(size)
 			return nil, err
 		}
 		l.give(size) // the uncompressed section is garbage once copied
-		buf = append(make([]byte, batchHeaderLen, batchHeaderLen+len(comp)), comp...)
-		recs = buf[batchHeaderLen:]
+		buf = append(make([]byte, room+batchHeaderLen, room+batchHeaderLen+len(comp)), comp...)
+		recs = buf[room+batchHeaderLen:]
 	}
 	h := d.hdr
 	h.Records = recs
@@ -275,9 +282,9 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	h.CRC = 0
 	// The header is written over the room left for it; the records, at
 	// the same place, are "appended" onto themselves.
-	out := h.AppendTo(buf[:0])
+	out := h.AppendTo(buf[room:room])
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
-	return out, nil
+	return buf[:room+len(out)], nil
 }
 
 var (

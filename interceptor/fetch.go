@@ -314,12 +314,27 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			}
 			inAborted = attrs&attrTransactional != 0 && aborting[pid]
 		}
-		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted)
+		// A rewritten batch comes back with room in front for the
+		// batches passed so far (not copied yet): they are copied into
+		// it, and the large one is not copied at all.
+		headroom := 0
+		if !copied {
+			headroom = passed
+		}
+		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted, headroom)
+		rewritten := len(nb) > 0 && (len(nb) != len(raw) || &nb[0] != &raw[0])
+		if rewritten && headroom > 0 {
+			copy(nb, fp.set[:passed])
+			r.out, copied = nb, true
+		}
 		if err != nil {
-			if len(nb) > 0 { // the records before the failing one
+			// The output keeps the records before the failing one.
+			switch {
+			case rewritten && headroom > 0: // joined above
+			case len(nb) > 0:
 				copyOut()
 				r.out = append(r.out, nb...)
-			} else if !copied {
+			case !copied:
 				r.out = fp.set[:passed:passed]
 			}
 			r.changed, r.code, r.err = true, codeOf(err, kerr.KafkaStorageError.Code), err
@@ -333,17 +348,19 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			// Left out (records before the fetch offset, or cut): the
 			// batches after it no longer follow the ones passed in fp.set.
 			copyOut()
-		case len(nb) != len(raw) || &nb[0] != &raw[0]:
+		case rewritten:
 			r.changed = true
-			if !copied && passed == 0 {
+			switch {
+			case headroom > 0:
+				// joined to the batches before it above
+			case !copied:
 				// The first batch out is a rewritten one (a payload put
 				// back: perhaps 100 MiB): it is the output so far, not
 				// copied into a new one.
 				r.out, copied = nb, true
-				break
+			default:
+				r.out = append(r.out, nb...)
 			}
-			copyOut()
-			r.out = append(r.out, nb...)
 		default:
 			pass(raw)
 		}
@@ -366,7 +383,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 // when nothing changed and nil when no record is left (cut, or all before
 // the fetch offset).
 func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetchPart, raw []byte, emitted int64,
-	room func(int64) bool, aborted bool) (out []byte, cut bool, err error) {
+	room func(int64) bool, aborted bool, headroom int) (out []byte, cut bool, err error) {
 	d, err := decodeBatch(ctx, led, raw)
 	if err != nil {
 		var eb *errBatch
@@ -469,6 +486,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 		d.hdr.LastOffsetDelta = lastDelta
 	}
 	before := heldOf(led)
+	d.headroom = headroom
 	enc, err := d.encode(ctx, led)
 	encoded = heldOf(led) - before
 	if err == nil {
