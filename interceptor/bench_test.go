@@ -20,23 +20,31 @@ func BenchmarkInterceptProduce(b *testing.B) {
 		vals[i] = string(randomBytes(uint64(i), 1024))
 	}
 	batch := plainBatch(&testing.T{}, 3, -1, vals...)
+	plain := plainBatch(&testing.T{}, 0, -1, vals...) // uncompressed (the Java producer's default)
 	lm, err := New(context.Background(), "large-message", map[string]string{largemessage.KeyStoreURL: "mem://bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name string
-		in   Instance
+		name  string
+		in    Instance
+		batch []byte // nil: the lz4 one
 	}{
-		{"unmatched", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("other"), fn: func(context.Context, *Record) error { return nil }}}},
-		{"identity", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("t"), fn: func(context.Context, *Record) error { return nil }}}},
+		{"unmatched", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("other"), fn: func(context.Context, *Record) error { return nil }}}, nil},
+		{"identity", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("t"), fn: func(context.Context, *Record) error { return nil }}}, nil},
 		{"change", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("t"), fn: func(_ context.Context, r *Record) error {
 			r.Headers = append(r.Headers, Header{Key: "k"})
 			return nil
-		}}}},
-		{"large-message", lm},
+		}}}, nil},
+		{"large-message", lm, nil},
+		{"identity-uncompressed", Instance{Produce: &funcIcpt{name: "x", re: mustPattern("t"), fn: func(context.Context, *Record) error { return nil }}}, plain},
+		{"large-message-uncompressed", lm, plain},
 	} {
 		ch := NewChain([]Instance{tc.in}, Options{})
+		batch := batch
+		if tc.batch != nil {
+			batch = tc.batch
+		}
 		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(vals) * 1024))
 			for b.Loop() {
