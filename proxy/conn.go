@@ -57,6 +57,9 @@ type inflight struct {
 	// parts: the response frame as a vector, when the proxy rewrote it
 	// with large record sets left where they lie (fetchframe.go).
 	parts net.Buffers
+	// frameFree: once written, nothing reads the broker's response frame
+	// any more (it goes back to its pool).
+	frameFree bool
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -821,10 +824,11 @@ func (c *conn) answer(f *inflight) bool {
 	}
 	release()
 	c.s.collectLarge(max(int64(size), written))
-	if ok && len(out) > 0 && &out[0] == &frame[0] {
-		// Forwarded as it came: nothing holds it now (an intercepted
-		// response comes back unchanged only when every interceptor
-		// call has returned).
+	if ok && (len(out) > 0 && &out[0] == &frame[0] || f.frameFree) {
+		// Forwarded as it came, or rewritten by interceptor calls that
+		// have all returned: nothing holds it now (an interceptor call
+		// that ran over its time budget may still read it, and then its
+		// partition failed and frameFree is false).
 		putFrame(frame)
 	}
 	return ok

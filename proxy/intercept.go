@@ -470,6 +470,10 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		if len(out.Failed) > 0 {
 			c.s.m.errors.WithLabelValues("interceptor_fetch").Add(float64(len(out.Failed)))
 		}
+		// Every interceptor call returned (none ran over its budget and
+		// was left running on the frame's bytes): the frame is free once
+		// the response is written.
+		f.frameFree = len(out.Failed) == 0
 		if out.Rewritten > 0 || len(out.Failed) > 0 {
 			// Encoded once, straight into the frame, charged first: it
 			// holds every payload put back. The rewritten batches are

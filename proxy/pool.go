@@ -6,13 +6,17 @@ import (
 )
 
 // Frame buffers read whole from brokers (responses the proxy must look at)
-// come from pools by size class, powers of two from 64 KiB to 64 MiB, so a
-// busy connection does not allocate (and the runtime zero and later scan) a
-// fresh buffer per response. Smaller frames are read through the
-// connection's bufio.Reader allocation; larger ones get their own buffer.
+// come from pools by size class, powers of two from 64 KiB to 8 MiB, so a
+// busy connection does not allocate (and the runtime zero) a fresh buffer
+// per response. A buffer is charged to the memory budget at its class size
+// while in use (at most twice the frame, at most 4 MiB more); idle in a
+// pool it is not charged, and the pool holds no more than was in use at
+// once before, until garbage collection empties it. Smaller frames are read
+// through the connection's bufio.Reader; larger ones get their own buffer
+// of their exact size.
 const (
 	minPoolShift = 16
-	maxPoolShift = 26
+	maxPoolShift = 23
 )
 
 var framePools [maxPoolShift - minPoolShift + 1]sync.Pool

@@ -8,7 +8,7 @@ func TestFramePoolClasses(t *testing.T) {
 		pooled      bool
 	}{
 		{1, 1, false}, {32 << 10, 32 << 10, false}, {32<<10 + 1, 64 << 10, true}, {64 << 10, 64 << 10, true},
-		{64<<10 + 1, 128 << 10, true}, {3 << 20, 4 << 20, true}, {64 << 20, 64 << 20, true}, {64<<20 + 1, 64<<20 + 1, false},
+		{64<<10 + 1, 128 << 10, true}, {3 << 20, 4 << 20, true}, {8 << 20, 8 << 20, true}, {8<<20 + 1, 8<<20 + 1, false},
 	} {
 		_, capacity, ok := poolClass(tc.n)
 		if ok != tc.pooled || capacity != tc.capacity {
