@@ -130,8 +130,10 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 			os.Remove(tmp.Name())
 		}
 	}()
+	// The disk starts writing while the rest is still being copied, so
+	// that the fsync below has little left to wait for.
 	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
-	if _, err := io.Copy(tmp, ctxio.Reader(ctx, body)); err != nil {
+	if _, err := ctxio.Copy(ctx, startWriteback(tmp), body); err != nil {
 		return fail(err)
 	}
 	if err := body.check(p); err != nil {
