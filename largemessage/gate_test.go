@@ -54,17 +54,17 @@ func waiters(t *testing.T, g *gate, n int) {
 func TestGateCountsRecordsSentUnderOldLimits(t *testing.T) {
 	g := &gate{capacity: 1 << 62}
 	old, lowered := gateLimits(1_000_000), gateLimits(500_000)
-	g.setLimits("t", old, old.batchCapacity(Codec{Type: "none"}), 0)
+	g.setLimits("t", old, Codec{Type: "none"}, 0)
 	for range 3 {
 		if err := g.take(context.Background(), 300_000); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The retry finds the limit lowered (generation 1).
-	g.setLimits("t", lowered, lowered.batchCapacity(Codec{Type: "none"}), 1)
+	g.setLimits("t", lowered, Codec{Type: "none"}, 1)
 	// A caller that read the old limits before the retry does not raise
 	// the capacity again.
-	g.setLimits("t", old, old.batchCapacity(Codec{Type: "none"}), 0)
+	g.setLimits("t", old, Codec{Type: "none"}, 0)
 	if want := lowered.batchCapacity(Codec{Type: "none"}); g.capacity != want {
 		t.Fatalf("capacity %d, want the lowered limit's %d", g.capacity, want)
 	}
@@ -90,7 +90,7 @@ func TestGateCountsRecordsSentUnderOldLimits(t *testing.T) {
 func TestGateOrderAloneAndCancel(t *testing.T) {
 	l := gateLimits(100_000)
 	g := &gate{capacity: 1 << 62}
-	g.setLimits("t", l, l.batchCapacity(Codec{Type: "none"}), 0)
+	g.setLimits("t", l, Codec{Type: "none"}, 0)
 	if err := g.take(context.Background(), 60_000); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestGateOrderAloneAndCancel(t *testing.T) {
 func TestGateRaisedLimitAdmits(t *testing.T) {
 	low, high := gateLimits(100_000), gateLimits(400_000)
 	g := &gate{capacity: 1 << 62}
-	g.setLimits("t", low, low.batchCapacity(Codec{Type: "none"}), 0)
+	g.setLimits("t", low, Codec{Type: "none"}, 0)
 	if err := g.take(context.Background(), 80_000); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestGateRaisedLimitAdmits(t *testing.T) {
 	if done() {
 		t.Fatal("admitted past the bound")
 	}
-	g.setLimits("t", high, high.batchCapacity(Codec{Type: "none"}), 1)
+	g.setLimits("t", high, Codec{Type: "none"}, 1)
 	if !done() {
 		t.Fatal("not admitted after the limit was raised")
 	}

@@ -169,6 +169,20 @@ func (s *Serializer) Offload(ctx context.Context, rec *kgo.Record, l Limits) (Of
 	return p.Did, p.commitChecked(ctx, l)
 }
 
+// untouched reports, without I/O or compression, that Offload would leave
+// rec exactly as it is under l: it carries none of Ferry's markers (nothing
+// to adopt) and its size alone says it fits (Codec.fitsBySize). false means
+// Offload must decide. u is RecordLen of rec.
+func (s *Serializer) untouched(rec *kgo.Record, l Limits, u int64) bool {
+	for _, h := range rec.Headers {
+		if h.Key == HeaderLargeMessage || h.Key == HeaderLargeMessageKey {
+			return false
+		}
+	}
+	fits, decided := s.codec.fitsBySize(l, u)
+	return decided && fits
+}
+
 // Plan is a record whose offload is decided but not yet published: the
 // record already holds the references its payloads will have (their ids are
 // fixed, so the references are exact). Commit publishes the payloads.
