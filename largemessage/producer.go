@@ -64,7 +64,20 @@ type Producer struct {
 type gate struct {
 	topic    string
 	mu       sync.Mutex
-	inflight int64         // batch bytes admitted and not yet released
+	// The batch bytes admitted and not yet released are taken - given
+	// (inflight): two counters that only grow, on cache lines of their
+	// own, so that the producing goroutine (take) and franz-go's promise
+	// goroutine (give) do not write to one line.
+	_     [64]byte
+	taken atomic.Int64
+	_     [56]byte
+	given atomic.Int64
+	_     [56]byte
+	// slow is set while admitting takes mu: the capacity is bounded or
+	// records wait. While it is clear every record fits, and take and
+	// give only add to their counter (no lock shared between the
+	// producing goroutine and franz-go's). It changes under mu only.
+	slow atomic.Bool
 	waiters  []*gateWaiter // FIFO
 	capacity int64         // batch bytes one batch may hold; math.MaxInt64 when franz-go's cap suffices
 	limits   Limits        // the limits capacity was derived from
@@ -396,15 +409,31 @@ func (g *gate) setLimits(topic string, l Limits, c Codec, gen uint64) {
 
 // take admits n bytes, waiting FIFO until they fit (or nothing else is in
 // flight: a record larger than the capacity goes alone) or ctx ends.
+//
+// While the gate is not slow (unbounded, nobody waiting) it only adds n to
+// taken, and checks slow again after: a gate that became slow meanwhile
+// read the counters after setting slow (under mu), so it either counted these
+// bytes or this take sees slow and decides under mu (sequentially
+// consistent atomics: of the add-then-check here and the set-then-read
+// there, one sees the other).
 func (g *gate) take(ctx context.Context, n int64) error {
+	if !g.slow.Load() {
+		g.taken.Add(n)
+		if !g.slow.Load() {
+			return nil
+		}
+		g.given.Add(n) // taken back: decided under mu instead
+	}
 	g.mu.Lock()
+	g.admit() // a waiter the bytes just taken back may have held back
 	if len(g.waiters) == 0 && g.fits(n) {
-		g.inflight += n
+		g.taken.Add(n)
 		g.mu.Unlock()
 		return nil
 	}
 	w := &gateWaiter{n: n, ready: make(chan struct{})}
 	g.waiters = append(g.waiters, w)
+	g.admit() // sets slow, then sees every give that did not see it
 	g.mu.Unlock()
 	select {
 	case <-w.ready:
@@ -415,7 +444,7 @@ func (g *gate) take(ctx context.Context, n int64) error {
 	defer g.mu.Unlock()
 	select {
 	case <-w.ready: // admitted meanwhile
-		g.inflight -= n
+		g.given.Add(n)
 	default:
 		g.waiters = slices.DeleteFunc(g.waiters, func(o *gateWaiter) bool { return o == w })
 	}
@@ -423,23 +452,44 @@ func (g *gate) take(ctx context.Context, n int64) error {
 	return ctx.Err()
 }
 
-// give releases n admitted bytes.
+// give releases n admitted bytes; only a slow gate has waiters to admit
+// (a gate that turns slow after the check below reads the counters after
+// it did, and sees the bytes released).
 func (g *gate) give(n int64) {
-	g.mu.Lock()
-	g.inflight -= n
-	g.admit()
-	g.mu.Unlock()
+	g.given.Add(n)
+	if g.slow.Load() {
+		g.mu.Lock()
+		g.admit()
+		g.mu.Unlock()
+	}
 }
 
-func (g *gate) fits(n int64) bool { return g.inflight == 0 || g.inflight <= g.capacity-n }
+func (g *gate) fits(n int64) bool {
+	in := g.inflight()
+	return in == 0 || in <= g.capacity-n
+}
 
-// admit lets waiters in, in order, while they fit. g.mu is held.
+// inflight is the batch bytes admitted and not yet released. given is read
+// first: a give or take in between can only make the answer larger than
+// the truth, never smaller.
+func (g *gate) inflight() int64 {
+	given := g.given.Load()
+	return g.taken.Load() - given
+}
+
+// admit sets slow as the gate now is, then lets waiters in, in order,
+// while they fit, and clears slow when nobody waits and the capacity is
+// unbounded. g.mu is held.
 func (g *gate) admit() {
+	g.slow.Store(true)
 	for len(g.waiters) > 0 && g.fits(g.waiters[0].n) {
 		w := g.waiters[0]
 		g.waiters = g.waiters[1:]
-		g.inflight += w.n
+		g.taken.Add(w.n)
 		close(w.ready)
+	}
+	if len(g.waiters) == 0 && g.capacity == math.MaxInt64 {
+		g.slow.Store(false)
 	}
 }
 
