@@ -203,10 +203,9 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	}
 	defer rc.Close()
 	offloaded := largemessage.IsOffloaded(r)
-	// A payload is read, verified (size, SHA-256) and written in one pass
-	// (ctxio.Copy's buffers: os.File's ReadFrom would copy 32 KiB at a
-	// time); a long copy (a local file store) stops with ctx. An inline
-	// value is written as it is.
+	// A payload is read, verified (size, SHA-256) and written in one pass,
+	// in ctxio.Copy's 64 KiB pieces; a long copy (a local file store)
+	// stops with ctx. An inline value is written as it is.
 	copyValue := func(dst io.Writer) (int64, error) {
 		if !offloaded {
 			return io.Copy(dst, rc)

@@ -8,20 +8,21 @@ import (
 )
 
 // BufferSize is the size of the buffer Copy moves bytes in. Measured on the
-// 2-core AMD EPYC of docs/BENCHMARKS.md (1 GiB read, SHA-256 hashed and
-// written to the page cache, medians of 3): 256 KiB took 1.49 s (0.70 s of
-// system time), 64 KiB 1.70 s, 128 KiB 1.78 s, 1 MiB 2.46 s (1.61 s of
-// system time: a buffer that large no longer stays in the core's cache
-// between the read, the hash and the write).
-const BufferSize = 256 << 10
+// 2-core AMD EPYC of docs/BENCHMARKS.md (a 1 GiB file from the page cache
+// read, SHA-256 hashed and written to a new file, no fsync, sync(1) between
+// runs, sizes interleaved, 3 runs each, load average 6-8): 64 KiB took
+// 1.50-1.73 s (0.67-0.89 s of system time), 32 KiB 1.79-1.81 s, 256 KiB
+// 2.01-2.53 s, 1 MiB 2.94-3.06 s (1.75-2.07 s of system time: the larger
+// the buffer, the less of it is still in the core's cache between the
+// read, the hash and the write).
+const BufferSize = 64 << 10
 
 var buffers = sync.Pool{New: func() any { b := make([]byte, BufferSize); return &b }}
 
 // Copy copies src to dst until EOF, like io.Copy, and stops with ctx's
 // error once ctx ends (checked before every read). It reads and writes
 // BufferSize bytes at a time, through a pooled buffer, ignoring dst's
-// ReadFrom and src's WriteTo (os.File's ReadFrom would copy in 32 KiB
-// pieces from a reader that is not a file). The bytes that come with a read
+// ReadFrom and src's WriteTo. The bytes that come with a read
 // error are written before the error is returned, as io.Copy does.
 //
 // A *bytes.Reader src (a payload already in memory) is written in one call,
