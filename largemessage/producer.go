@@ -62,8 +62,8 @@ type Producer struct {
 // records sent under the old limit are counted against the new one: a
 // record retried after MESSAGE_TOO_LARGE waits for them.
 type gate struct {
-	topic    string
-	mu       sync.Mutex
+	topic string
+	mu    sync.Mutex
 	// The batch bytes admitted and not yet released are taken - given
 	// (inflight): two counters that only grow, on cache lines of their
 	// own, so that the producing goroutine (take) and franz-go's promise
@@ -77,7 +77,7 @@ type gate struct {
 	// records wait. While it is clear every record fits, and take and
 	// give only add to their counter (no lock shared between the
 	// producing goroutine and franz-go's). It changes under mu only.
-	slow atomic.Bool
+	slow     atomic.Bool
 	waiters  []*gateWaiter // FIFO
 	capacity int64         // batch bytes one batch may hold; math.MaxInt64 when franz-go's cap suffices
 	limits   Limits        // the limits capacity was derived from
