@@ -40,9 +40,16 @@ type Producer struct {
 	keySer    *serde.Chain
 	valueSer  *serde.Chain
 	configs   *TopicConfigs
+	// The client's options that bound a batch, read once (kgo's OptValue
+	// is far too slow to call per record: it names functions through the
+	// runtime): ProducerBatchMaxBytesFn, BrokerMaxWriteBytes and
+	// DefaultProduceTopic.
+	batchMaxFn   func(string) int32
+	maxWrite     int32
+	defaultTopic string
 
-	mu    sync.Mutex
-	gates map[string]*gate
+	gates    sync.Map             // topic → *gate
+	lastGate atomic.Pointer[gate] // the gate of the last record's topic
 }
 
 // gate counts the batch bytes of one topic's records in flight (from the
@@ -55,14 +62,40 @@ type Producer struct {
 // records sent under the old limit are counted against the new one: a
 // record retried after MESSAGE_TOO_LARGE waits for them.
 type gate struct {
-	mu       sync.Mutex
-	inflight int64         // batch bytes admitted and not yet released
+	topic string
+	mu    sync.Mutex
+	// The batch bytes admitted and not yet released are taken - given
+	// (inflight): two counters that only grow, on cache lines of their
+	// own, so that the producing goroutine (take) and franz-go's promise
+	// goroutine (give) do not write to one line.
+	_     [64]byte
+	taken atomic.Int64
+	_     [56]byte
+	given atomic.Int64
+	_     [56]byte
+	// slow is set while admitting takes mu: the capacity is bounded or
+	// records wait. While it is clear every record fits, and take and
+	// give only add to their counter (no lock shared between the
+	// producing goroutine and franz-go's). It changes under mu only.
+	slow     atomic.Bool
 	waiters  []*gateWaiter // FIFO
 	capacity int64         // batch bytes one batch may hold; math.MaxInt64 when franz-go's cap suffices
 	limits   Limits        // the limits capacity was derived from
 	limitsAt uint64        // the generation those limits were read in
 	gen      atomic.Uint64 // bumped when the topic's limits are found stale (MESSAGE_TOO_LARGE)
 	warned   bool
+	// config holds the limits derived from the topic's configuration as
+	// the Producer last read it, for the records of generation
+	// config.gen, until its cache entry expires (a timer clears it):
+	// Produce reads them without a lock or a clock. applied is the last
+	// config whose limits went through setLimits.
+	config  atomic.Pointer[gateConfig]
+	applied atomic.Pointer[gateConfig]
+}
+
+type gateConfig struct {
+	l   Limits
+	gen uint64
 }
 
 type gateWaiter struct {
@@ -83,7 +116,10 @@ func NewProducer(cl *kgo.Client, store payloadstore.PayloadStore, cfg Config) (*
 	ser := NewSerializer(store, codec).WithCopyTopics(cfg.CopyTopics)
 	d := DefaultConfig()
 	p := &Producer{cl: cl, ser: ser, threshold: cfg.Threshold, keySer: cfg.KeySerializers, valueSer: cfg.ValueSerializers,
-		configs: NewTopicConfigs(cl, 0).WithUnknownTTL(0), gates: map[string]*gate{}}
+		configs: NewTopicConfigs(cl, 0).WithUnknownTTL(0)}
+	p.batchMaxFn, _ = cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32)
+	p.maxWrite, _ = cl.OptValue(kgo.BrokerMaxWriteBytes).(int32)
+	p.defaultTopic, _ = cl.OptValue(kgo.DefaultProduceTopic).(string)
 	if p.keySer == nil {
 		p.keySer = d.KeySerializers
 	}
@@ -133,18 +169,18 @@ func (p *Producer) Limits(ctx context.Context, topic string) Limits {
 		slog.Warn("could not read max.message.bytes; assuming Kafka's default", "topic", topic, "bytes", DefaultMaxMessageBytes, "err", err)
 		tc = TopicConfig{MaxMessageBytes: DefaultMaxMessageBytes}
 	}
-	l := DeriveLimits(p.threshold, tc.MaxMessageBytes, clientBatchMax(p.cl, topic))
+	l := DeriveLimits(p.threshold, tc.MaxMessageBytes, p.clientBatchMax(topic))
 	l.TopicCompression = tc.Compression
 	return l
 }
 
 // clientBatchMax is franz-go's uncompressed batch cap for topic.
-func clientBatchMax(cl *kgo.Client, topic string) int64 {
+func (p *Producer) clientBatchMax(topic string) int64 {
 	limit := int64(0)
-	if fn, ok := cl.OptValue(kgo.ProducerBatchMaxBytesFn).(func(string) int32); ok && fn != nil {
-		limit = int64(fn(topic))
+	if p.batchMaxFn != nil {
+		limit = int64(p.batchMaxFn(topic))
 	}
-	if w, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && w > 0 {
+	if w := p.maxWrite; w > 0 {
 		// franz-go keeps a batch under the request size cap too; 512 bytes
 		// covers the request header, client and transactional ids up to
 		// the client's own lengths, and the topic name.
@@ -210,32 +246,70 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 	if promise == nil {
 		promise = func(*kgo.Record, error) {}
 	}
-	gen := p.gate(rec.Topic).gen.Load()
-	l := p.Limits(ctx, rec.Topic)
-	if _, err := p.ser.Offload(ctx, rec, l); err != nil {
-		promise(rec, err)
-		return
+	if rec.Topic == "" {
+		rec.Topic = p.defaultTopic // as kgo does; sized for that topic
 	}
-	p.send(ctx, rec, l, gen, func(r *kgo.Record, err error) {
-		if !errors.Is(err, kerr.MessageTooLarge) {
-			promise(r, err)
+	g := p.gate(rec.Topic)
+	gen := g.gen.Load()
+	c := p.limits(ctx, g, rec.Topic, gen)
+	u := RecordLen(rec.Key, rec.Value, rec.Headers)
+	// A record far below the limits, without Ferry's headers, is left as
+	// it is: Offload would decide the same, at more cost.
+	if !p.ser.untouched(rec, c.l, u) {
+		if _, err := p.ser.Offload(ctx, rec, c.l); err != nil {
+			promise(rec, err)
 			return
 		}
-		// Not on franz-go's callback goroutine: offloading does store I/O.
-		go p.retryTooLarge(ctx, r, promise)
-	})
+		u = RecordLen(rec.Key, rec.Value, rec.Headers)
+	}
+	p.send(ctx, g, rec, u, c, true, promise)
 }
 
-// send produces rec through the topic's gate; l are the limits rec was
-// sized with, read in the gate's generation gen.
-func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, gen uint64, promise func(*kgo.Record, error)) {
-	release, err := p.acquire(ctx, rec, l, gen)
+// limits returns the limits (Limits) for the records of topic's gate g in
+// generation gen: the topic's configuration is read through the gate
+// while its cache entry lasts (up to DefaultTopicConfigTTL) and no
+// MESSAGE_TOO_LARGE has made it stale (a later generation). The client's
+// batch cap for the topic is read with it.
+func (p *Producer) limits(ctx context.Context, g *gate, topic string, gen uint64) *gateConfig {
+	if c := g.config.Load(); c != nil && c.gen == gen {
+		return c
+	}
+	tc, until, err := p.configs.getUntil(ctx, topic)
+	if err != nil {
+		slog.Warn("could not read max.message.bytes; assuming Kafka's default", "topic", topic, "bytes", DefaultMaxMessageBytes, "err", err)
+		tc = TopicConfig{MaxMessageBytes: DefaultMaxMessageBytes}
+	}
+	c := &gateConfig{l: DeriveLimits(p.threshold, tc.MaxMessageBytes, p.clientBatchMax(topic)), gen: gen}
+	c.l.TopicCompression = tc.Compression
+	if d := time.Until(until); err == nil && d > 0 {
+		g.config.Store(c)
+		time.AfterFunc(d, func() { g.config.CompareAndSwap(c, nil) })
+	}
+	return c
+}
+
+// send produces rec (u bytes: RecordLen) through the topic's gate g;
+// c.l are the limits rec was sized with, read in the gate's generation
+// c.gen. With retry, a MESSAGE_TOO_LARGE answer goes to retryTooLarge
+// instead of promise.
+func (p *Producer) send(ctx context.Context, g *gate, rec *kgo.Record, u int64, c *gateConfig, retry bool, promise func(*kgo.Record, error)) {
+	n, err := p.acquire(ctx, g, rec, u, c)
 	if err != nil {
 		promise(rec, err)
 		return
 	}
+	// One closure per record (franz-go calls it exactly once): release
+	// the gate, then answer, or retry a record refused as too large. (A
+	// sync.Pool of promise objects cost more: franz-go's goroutine puts
+	// them back on another P than the producer gets them from.)
 	p.cl.Produce(ctx, rec, func(r *kgo.Record, err error) {
-		release()
+		g.give(n)
+		if retry && errors.Is(err, kerr.MessageTooLarge) {
+			// Not on franz-go's callback goroutine: offloading does
+			// store I/O.
+			go p.retryTooLarge(ctx, r, promise)
+			return
+		}
 		promise(r, err)
 	})
 }
@@ -247,7 +321,8 @@ func (p *Producer) send(ctx context.Context, rec *kgo.Record, l Limits, gen uint
 func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	// Limits read before now may be the old ones: they no longer set the
 	// gate's capacity.
-	gen := p.gate(rec.Topic).gen.Add(1)
+	g := p.gate(rec.Topic)
+	gen := g.gen.Add(1)
 	p.configs.Forget(rec.Topic)
 	// A topic just created is unknown to DescribeConfigs for a moment:
 	// wait (up to 5 s) for its own limits rather than the broker's
@@ -257,12 +332,13 @@ func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise f
 			break
 		}
 	}
-	l := p.Limits(ctx, rec.Topic)
+	c := p.limits(ctx, g, rec.Topic, gen)
+	l := c.l
 	if err := p.ser.offloadAll(ctx, rec, l); err != nil {
 		promise(rec, fmt.Errorf("topic %s: the broker refused the record as too large and offloading it failed: %w", rec.Topic, err))
 		return
 	}
-	p.send(ctx, rec, l, gen, func(r *kgo.Record, err error) {
+	p.send(ctx, g, rec, RecordLen(rec.Key, rec.Value, rec.Headers), c, false, func(r *kgo.Record, err error) {
 		if errors.Is(err, kerr.MessageTooLarge) {
 			err = fmt.Errorf("topic %s: %w twice, the second time with the record offloaded (%d bytes; limits now: threshold %d, %s)",
 				r.Topic, err, RecordLen(r.Key, r.Value, r.Headers), l.Threshold, l.describe())
@@ -271,18 +347,22 @@ func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise f
 	})
 }
 
-// acquire admits rec's batch bytes to its topic's gate (waiting, until ctx
-// ends, while the topic's bytes in flight are at their bound) and returns
-// the release. l, read in generation gen, set the gate's capacity unless
-// limits of a later generation have.
-func (p *Producer) acquire(ctx context.Context, rec *kgo.Record, l Limits, gen uint64) (func(), error) {
-	g := p.gate(rec.Topic)
-	g.setLimits(rec.Topic, l, l.batchCapacity(p.ser.codec), gen)
-	n := RecordLen(rec.Key, rec.Value, rec.Headers) + maxDeltaBytes
-	if err := g.take(ctx, n); err != nil {
-		return nil, err
+// acquire admits the batch bytes of rec (u bytes: RecordLen) to its
+// topic's gate g (waiting, until ctx ends, while the topic's bytes in
+// flight are at their bound) and returns how many it took, for g.give.
+// c.l, read in generation c.gen, set the gate's capacity unless limits of
+// a later generation have (setLimits, skipped when c went through it
+// last: it would change nothing).
+func (p *Producer) acquire(ctx context.Context, g *gate, rec *kgo.Record, u int64, c *gateConfig) (int64, error) {
+	if g.applied.Load() != c {
+		g.setLimits(rec.Topic, c.l, p.ser.codec, c.gen)
+		g.applied.Store(c)
 	}
-	return sync.OnceFunc(func() { g.give(n) }), nil
+	n := u + maxDeltaBytes
+	if err := g.take(ctx, n); err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // maxDeltaBytes is what a record inside a batch may take beyond RecordLen
@@ -292,25 +372,28 @@ const maxDeltaBytes = 13
 
 // gate returns topic's gate, made on first use.
 func (p *Producer) gate(topic string) *gate {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	g := p.gates[topic]
-	if g == nil {
-		g = &gate{capacity: math.MaxInt64}
-		p.gates[topic] = g
+	if last := p.lastGate.Load(); last != nil && last.topic == topic {
+		return last
 	}
-	return g
+	g, ok := p.gates.Load(topic)
+	if !ok {
+		g, _ = p.gates.LoadOrStore(topic, &gate{topic: topic, capacity: math.MaxInt64})
+	}
+	p.lastGate.Store(g.(*gate))
+	return g.(*gate)
 }
 
 // setLimits makes l, read in generation gen, the gate's limits unless
-// limits of a later generation are in force; capacity is the record bytes
-// one of the topic's batches may hold (Limits.batchCapacity).
-func (g *gate) setLimits(topic string, l Limits, capacity int64, gen uint64) {
+// limits of a later generation are in force; the gate's capacity becomes
+// the record bytes one of the topic's batches may hold
+// (Limits.batchCapacity for codec c).
+func (g *gate) setLimits(topic string, l Limits, c Codec, gen uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if gen < g.limitsAt || (gen == g.limitsAt && l == g.limits) {
 		return
 	}
+	capacity := l.batchCapacity(c)
 	g.limits, g.limitsAt = l, gen
 	g.capacity = math.MaxInt64
 	if l.ClientBatchMaxBytes <= 0 || l.ClientBatchMaxBytes-clientBatchOverhead > capacity {
@@ -326,15 +409,31 @@ func (g *gate) setLimits(topic string, l Limits, capacity int64, gen uint64) {
 
 // take admits n bytes, waiting FIFO until they fit (or nothing else is in
 // flight: a record larger than the capacity goes alone) or ctx ends.
+//
+// While the gate is not slow (unbounded, nobody waiting) it only adds n to
+// taken, and checks slow again after: a gate that became slow meanwhile
+// read the counters after setting slow (under mu), so it either counted these
+// bytes or this take sees slow and decides under mu (sequentially
+// consistent atomics: of the add-then-check here and the set-then-read
+// there, one sees the other).
 func (g *gate) take(ctx context.Context, n int64) error {
+	if !g.slow.Load() {
+		g.taken.Add(n)
+		if !g.slow.Load() {
+			return nil
+		}
+		g.given.Add(n) // taken back: decided under mu instead
+	}
 	g.mu.Lock()
+	g.admit() // a waiter the bytes just taken back may have held back
 	if len(g.waiters) == 0 && g.fits(n) {
-		g.inflight += n
+		g.taken.Add(n)
 		g.mu.Unlock()
 		return nil
 	}
 	w := &gateWaiter{n: n, ready: make(chan struct{})}
 	g.waiters = append(g.waiters, w)
+	g.admit() // sets slow, then sees every give that did not see it
 	g.mu.Unlock()
 	select {
 	case <-w.ready:
@@ -345,7 +444,7 @@ func (g *gate) take(ctx context.Context, n int64) error {
 	defer g.mu.Unlock()
 	select {
 	case <-w.ready: // admitted meanwhile
-		g.inflight -= n
+		g.given.Add(n)
 	default:
 		g.waiters = slices.DeleteFunc(g.waiters, func(o *gateWaiter) bool { return o == w })
 	}
@@ -353,23 +452,44 @@ func (g *gate) take(ctx context.Context, n int64) error {
 	return ctx.Err()
 }
 
-// give releases n admitted bytes.
+// give releases n admitted bytes; only a slow gate has waiters to admit
+// (a gate that turns slow after the check below reads the counters after
+// it did, and sees the bytes released).
 func (g *gate) give(n int64) {
-	g.mu.Lock()
-	g.inflight -= n
-	g.admit()
-	g.mu.Unlock()
+	g.given.Add(n)
+	if g.slow.Load() {
+		g.mu.Lock()
+		g.admit()
+		g.mu.Unlock()
+	}
 }
 
-func (g *gate) fits(n int64) bool { return g.inflight == 0 || g.inflight <= g.capacity-n }
+func (g *gate) fits(n int64) bool {
+	in := g.inflight()
+	return in == 0 || in <= g.capacity-n
+}
 
-// admit lets waiters in, in order, while they fit. g.mu is held.
+// inflight is the batch bytes admitted and not yet released. given is read
+// first: a give or take in between can only make the answer larger than
+// the truth, never smaller.
+func (g *gate) inflight() int64 {
+	given := g.given.Load()
+	return g.taken.Load() - given
+}
+
+// admit sets slow as the gate now is, then lets waiters in, in order,
+// while they fit, and clears slow when nobody waits and the capacity is
+// unbounded. g.mu is held.
 func (g *gate) admit() {
+	g.slow.Store(true)
 	for len(g.waiters) > 0 && g.fits(g.waiters[0].n) {
 		w := g.waiters[0]
 		g.waiters = g.waiters[1:]
-		g.inflight += w.n
+		g.taken.Add(w.n)
 		close(w.ready)
+	}
+	if len(g.waiters) == 0 && g.capacity == math.MaxInt64 {
+		g.slow.Store(false)
 	}
 }
 

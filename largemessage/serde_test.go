@@ -935,3 +935,55 @@ func (m *metadataStore) publishedMetadata() []byte {
 	}
 	return b
 }
+
+// storeOutsidePackage hides what a payloadstore store is: a store from
+// outside that package, called directly (not through payloadstore.Wrap),
+// which returns no digest.
+type storeOutsidePackage struct{ payloadstore.PayloadStore }
+
+func (s storeOutsidePackage) Publish(ctx context.Context, topic string, p payloadstore.Payload) (payloadstore.PayloadResponse, error) {
+	resp, err := s.PayloadStore.Publish(ctx, topic, p)
+	resp.SHA256 = [32]byte{}
+	return resp, err
+}
+
+// OffloadValue of a StreamPayload (the file read once, hashed by the store
+// as it writes): the record's digest header is the payload's, the consumer
+// verifies it, and a store that gives no digest fails the offload rather
+// than produce a reference with a wrong one.
+func TestOffloadValueStreamPayload(t *testing.T) {
+	forEachEnv(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		b := random(t, 3<<20+5)
+		rec := &kgo.Record{Topic: "stream", Key: []byte("k")}
+		did, err := e.ser.OffloadValue(ctx, rec, payloadstore.StreamPayload(bytes.NewReader(b), int64(len(b))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		if did.ValueSHA256 != sum || !did.Value || did.StoredBytes != int64(len(b)) {
+			t.Fatalf("Offloaded %+v, want the value's %d bytes with SHA-256 %x", did, len(b), sum)
+		}
+		if got, _ := headerValue(rec, largemessage.HeaderPayloadSHA256); got != hex.EncodeToString(sum[:]) {
+			t.Fatalf("digest header %q, want %x", got, sum)
+		}
+		rc, size, err := e.de.OpenValue(ctx, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || size != int64(len(b)) || !bytes.Equal(got, b) {
+			t.Fatalf("read back %d of %d bytes (size %d): %v", len(got), len(b), size, err)
+		}
+
+		ser := largemessage.NewSerializer(storeOutsidePackage{payloadstore.Unwrap(e.store)}, largemessage.Codec{Type: "none"})
+		rec = &kgo.Record{Topic: "stream"}
+		if _, err := ser.OffloadValue(ctx, rec, payloadstore.StreamPayload(bytes.NewReader(b), int64(len(b)))); err == nil || !strings.Contains(err.Error(), "no SHA-256") {
+			t.Fatalf("a store that returns no digest: %v, want an error", err)
+		}
+		if rec.Value != nil {
+			t.Fatalf("the record got a value (%q) from a failed offload", rec.Value)
+		}
+	})
+}

@@ -135,6 +135,9 @@ type Offloaded struct {
 	Key, Value bool
 	// StoredBytes is the number of payload bytes published to the store.
 	StoredBytes int64
+	// ValueSHA256 is the SHA-256 of the value published (OffloadValue;
+	// for an Unhashed payload, as the store computed it while writing).
+	ValueSHA256 [sha256.Size]byte
 }
 
 // Offload makes rec fit l. A record that fits (Codec.Fits) is left exactly
@@ -164,6 +167,20 @@ func (s *Serializer) Offload(ctx context.Context, rec *kgo.Record, l Limits) (Of
 		return Offloaded{}, err
 	}
 	return p.Did, p.commitChecked(ctx, l)
+}
+
+// untouched reports, without I/O or compression, that Offload would leave
+// rec exactly as it is under l: it carries none of Ferry's markers (nothing
+// to adopt) and its size alone says it fits (Codec.fitsBySize). false means
+// Offload must decide. u is RecordLen of rec.
+func (s *Serializer) untouched(rec *kgo.Record, l Limits, u int64) bool {
+	for _, h := range rec.Headers {
+		if h.Key == HeaderLargeMessage || h.Key == HeaderLargeMessageKey {
+			return false
+		}
+	}
+	fits, decided := s.codec.fitsBySize(l, u)
+	return decided && fits
 }
 
 // Plan is a record whose offload is decided but not yet published: the
@@ -418,7 +435,8 @@ func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
 		}
 		p.rebound++
 	}
-	for _, sp := range p.sides {
+	for i := range p.sides {
+		sp := &p.sides[i]
 		resp, err := p.s.store.Publish(ctx, p.rec.Topic, sp.p)
 		if err != nil {
 			// A failed publish may still have written the object (a
@@ -431,7 +449,23 @@ func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
 			return false, fmt.Errorf("topic %s: offloading the %s (%d bytes): %w", p.rec.Topic, sp.sd.name, sp.p.Size, err)
 		}
 		p.published = append(p.published, resp.FullPayloadPath)
-		if resp.FullPayloadPath != sp.path || len(resp.CustomMetadata) > 0 {
+		if sp.p.Unhashed {
+			// The store hashed the payload as it wrote it: the digest
+			// header comes from what it wrote (same length as any other
+			// digest: the record's size does not change).
+			if resp.SHA256 == ([sha256.Size]byte{}) {
+				p.Abort(ctx)
+				return false, fmt.Errorf("topic %s: offloading the %s: the %s store returned no SHA-256 for a payload it was to hash (call it through payloadstore.Wrap)", p.rec.Topic, sp.sd.name, p.s.store.Class())
+			}
+			sp.p.SHA256, sp.p.Unhashed = resp.SHA256, false
+			if err := sp.apply(p.rec, resp.FullPayloadPath, resp.CustomMetadata, p.s.store.Class()); err != nil {
+				p.Abort(ctx)
+				return false, err
+			}
+			if resp.FullPayloadPath != sp.path || len(resp.CustomMetadata) > 0 {
+				changed = true
+			}
+		} else if resp.FullPayloadPath != sp.path || len(resp.CustomMetadata) > 0 {
 			if err := sp.apply(p.rec, resp.FullPayloadPath, resp.CustomMetadata, p.s.store.Class()); err != nil {
 				p.Abort(ctx)
 				return false, err
@@ -578,7 +612,10 @@ func (s *Serializer) rebind(topic, path string) (payloadstore.Rebinding, error) 
 
 // OffloadValue publishes p as rec's value whatever its size and sets rec's
 // value and headers to the reference. It is the streaming form of Offload
-// for payloads that are not in memory (a file, a spooled stdin).
+// for payloads that are not in memory (a file, a spooled stdin). With
+// payloadstore.StreamPayload the file is read once: the store hashes it as
+// it writes it, and the digest header (and Offloaded.ValueSHA256) come from
+// that.
 func (s *Serializer) OffloadValue(ctx context.Context, rec *kgo.Record, p payloadstore.Payload) (Offloaded, error) {
 	var did Offloaded
 	err := s.offloadSide(ctx, rec, valueSide, p, &did)
@@ -626,6 +663,9 @@ func (s *Serializer) offloadSide(ctx context.Context, rec *kgo.Record, sd side, 
 	}
 	did.Key, did.Value = did.Key || sd == keySide, did.Value || sd == valueSide
 	did.StoredBytes += p.Size
+	if sd == valueSide {
+		did.ValueSHA256 = pl.sides[0].p.SHA256
+	}
 	return nil
 }
 

@@ -208,41 +208,52 @@ func (w *countWriter) Write(p []byte) (int, error) {
 // encoded whole.
 func (c Codec) Fits(l Limits, key, value []byte, headers []kgo.RecordHeader) (bool, error) {
 	u := RecordLen(key, value, headers)
-	if l.ClientBatchMaxBytes > 0 {
-		// franz-go sizes the first record of a new batch as 65 + its v2
-		// length, whatever the produce version (sink.go tryBuffer).
-		if clientBatchOverhead+u > l.ClientBatchMaxBytes {
-			return false, nil
-		}
+	if fits, decided := c.fitsBySize(l, u); decided {
+		return fits, nil
 	}
-	if brokerRecompresses(l.TopicCompression, c) {
-		return recompressedBound(l.TopicCompression, u) <= l.Threshold, nil
-	}
-	if l.TopicCompression == c.Type && c.Type != "none" && c.Type != "" {
+	if l.TopicCompression == c.Type {
 		// The topic's compression.type is the client's codec: the broker
 		// keeps a batch franz-go compressed, but franz-go sends the
 		// records uncompressed when compression does not shrink them,
 		// and the broker then compresses them itself.
-		if recompressedBound(l.TopicCompression, u) <= l.Threshold {
-			return true, nil
-		}
 		n, err := c.compressedRecordLen(key, value, headers, u, l.Threshold)
 		if err != nil || n < 0 {
 			return false, err
 		}
 		return n < u && n <= l.Threshold, nil
 	}
-	if u <= l.Threshold {
-		return true, nil
-	}
-	if c.Type == "none" || c.Type == "" {
-		return false, nil
-	}
 	n, err := c.compressedRecordLen(key, value, headers, u, l.Threshold)
 	if err != nil || n < 0 {
 		return false, err
 	}
 	return n <= l.Threshold, nil
+}
+
+// fitsBySize is the part of Fits that needs no compression: whether a
+// record of u bytes (RecordLen) fits l, when its length alone decides
+// (decided); otherwise the record must be compressed and measured.
+func (c Codec) fitsBySize(l Limits, u int64) (fits, decided bool) {
+	if l.ClientBatchMaxBytes > 0 {
+		// franz-go sizes the first record of a new batch as 65 + its v2
+		// length, whatever the produce version (sink.go tryBuffer).
+		if clientBatchOverhead+u > l.ClientBatchMaxBytes {
+			return false, true
+		}
+	}
+	if brokerRecompresses(l.TopicCompression, c) {
+		return recompressedBound(l.TopicCompression, u) <= l.Threshold, true
+	}
+	if l.TopicCompression == c.Type && c.Type != "none" && c.Type != "" {
+		// (see Fits) the broker may compress the records itself
+		return true, recompressedBound(l.TopicCompression, u) <= l.Threshold
+	}
+	if u <= l.Threshold {
+		return true, true
+	}
+	if c.Type == "none" || c.Type == "" {
+		return false, true
+	}
+	return false, false
 }
 
 // compressedRecordLen is the length of the record (u bytes uncompressed)

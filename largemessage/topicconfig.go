@@ -101,8 +101,34 @@ func (t *TopicConfigs) Forget(topic string) {
 // Get returns topic's configuration. Errors: the cluster could not be asked
 // and nothing is cached (a stale entry is returned rather than an error).
 func (t *TopicConfigs) Get(ctx context.Context, topic string) (TopicConfig, error) {
+	// A cached topic (every record of a Producer asks): no allocation.
+	now := time.Now()
+	t.mu.Lock()
+	e, ok := t.m[topic]
+	t.mu.Unlock()
+	if ok && now.Sub(e.at) < t.ttlOf(e.c) {
+		return e.c, nil
+	}
 	r := t.GetAll(ctx, []string{topic})
 	return r[topic].Config, r[topic].Err
+}
+
+// getUntil is Get that also says until when the answer may be reused
+// without asking again: the end of its cache entry's TTL, or the zero time
+// when it is not cached (an error, or an unknown topic with an unknown TTL
+// of 0).
+func (t *TopicConfigs) getUntil(ctx context.Context, topic string) (TopicConfig, time.Time, error) {
+	c, err := t.Get(ctx, topic)
+	if err != nil {
+		return c, time.Time{}, err
+	}
+	t.mu.Lock()
+	e, ok := t.m[topic]
+	t.mu.Unlock()
+	if !ok || e.c != c {
+		return c, time.Time{}, nil
+	}
+	return c, e.at.Add(t.ttlOf(e.c)), nil
 }
 
 // TopicConfigResult is one topic's answer of GetAll.

@@ -2,6 +2,7 @@ package payloadstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -180,7 +181,15 @@ func (s *BlobStore) Close() error        { return s.bucket.Close() }
 // Root returns the URL prefix of every full path of this store.
 func (s *BlobStore) Root() Root { return s.root }
 
+// onePass is false: the object's ferry-sha256 metadata is set when the
+// upload starts, so an Unhashed payload is hashed first.
+func (s *BlobStore) onePass(Payload) bool { return false }
+
 func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
+	var err error
+	if p, err = hashFirst(ctx, p); err != nil {
+		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(topic), Retryable: !errors.Is(err, ErrPayloadChanged), Err: err}
+	}
 	key, err := objectKey(topic, objectID(s.gen, p))
 	if err != nil {
 		return PayloadResponse{}, err
@@ -208,8 +217,9 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	// content id, may already be referenced by other records).
 	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
 	_, err = w.ReadFrom(body)
+	var sum [sha256.Size]byte
 	if err == nil {
-		err = body.check(p)
+		sum, err = body.check(p)
 	}
 	if err != nil {
 		cancel()
@@ -224,7 +234,7 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 		s.abortIncomplete(ctx, key)
 		return PayloadResponse{}, s.fail("publish", full, err)
 	}
-	return PayloadResponse{FullPayloadPath: full}, nil
+	return PayloadResponse{FullPayloadPath: full, SHA256: sum}, nil
 }
 
 func (s *BlobStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {

@@ -100,7 +100,15 @@ func (s *FileStore) Close() error        { return nil }
 // Root returns the URL prefix of every full path of this store.
 func (s *FileStore) Root() Root { return s.root }
 
+func (s *FileStore) onePass(p Payload) bool { return p.ID != "" || randomIDs(s.gen) }
+
 func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
+	if !s.onePass(p) {
+		var err error
+		if p, err = hashFirst(ctx, p); err != nil {
+			return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(topic), Retryable: !errors.Is(err, ErrPayloadChanged) && retryableFSError(err), Err: err}
+		}
+	}
 	key, err := objectKey(topic, objectID(s.gen, p))
 	if err != nil {
 		return PayloadResponse{}, err
@@ -130,11 +138,15 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 			os.Remove(tmp.Name())
 		}
 	}()
+	// One pass: the body is read, hashed and written once, and the disk
+	// starts writing while the rest is still being copied, so that the
+	// fsync below has little left to wait for.
 	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
-	if _, err := io.Copy(tmp, ctxio.Reader(ctx, body)); err != nil {
+	if _, err := ctxio.Copy(ctx, startWriteback(tmp), body); err != nil {
 		return fail(err)
 	}
-	if err := body.check(p); err != nil {
+	sum, err := body.check(p)
+	if err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
 	}
 	// os.CreateTemp makes 0600 files; a store shared by producers and
@@ -157,7 +169,7 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 		d.Sync()
 		d.Close()
 	}
-	return PayloadResponse{FullPayloadPath: s.root.Path(key)}, nil
+	return PayloadResponse{FullPayloadPath: s.root.Path(key), SHA256: sum}, nil
 }
 
 func (s *FileStore) file(fullPath, op string) (string, error) {

@@ -1,7 +1,6 @@
 package payloadstore
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"fmt"
 	"hash"
@@ -67,16 +66,22 @@ func (d *digestReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// sum is the digest of the bytes read so far.
+func (d *digestReader) sum() (s [sha256.Size]byte) {
+	d.h.Sum(s[:0])
+	return s
+}
+
 // check returns an ErrPayloadChanged error when the bytes read differ from p
-// in length, or in digest when p.SHA256 is set.
-func (d *digestReader) check(p Payload) error {
+// in length, or in digest when p.SHA256 is set (not Unhashed). It returns
+// the digest of the bytes read.
+func (d *digestReader) check(p Payload) ([sha256.Size]byte, error) {
+	got := d.sum()
 	if d.n != p.Size {
-		return fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, d.n, p.Size)
+		return got, fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, d.n, p.Size)
 	}
-	if p.SHA256 != ([sha256.Size]byte{}) {
-		if got := d.h.Sum(nil); !bytes.Equal(got, p.SHA256[:]) {
-			return fmt.Errorf("%w: body has SHA-256 %x, the payload %x", ErrPayloadChanged, got, p.SHA256)
-		}
+	if !p.Unhashed && p.SHA256 != ([sha256.Size]byte{}) && got != p.SHA256 {
+		return got, fmt.Errorf("%w: body has SHA-256 %x, the payload %x", ErrPayloadChanged, got, p.SHA256)
 	}
-	return nil
+	return got, nil
 }

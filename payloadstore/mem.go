@@ -3,6 +3,7 @@ package payloadstore
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -67,7 +68,15 @@ func (s *MemStore) Close() error        { return nil }
 // Root returns the URL prefix of every full path of this store.
 func (s *MemStore) Root() Root { return s.root }
 
+func (s *MemStore) onePass(p Payload) bool { return p.ID != "" || randomIDs(s.gen) }
+
 func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
+	if !s.onePass(p) {
+		var err error
+		if p, err = hashFirst(ctx, p); err != nil {
+			return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(topic), Retryable: !errors.Is(err, ErrPayloadChanged), Err: err}
+		}
+	}
 	key, err := objectKey(topic, objectID(s.gen, p))
 	if err != nil {
 		return PayloadResponse{}, err
@@ -81,13 +90,14 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 	if _, err := io.Copy(&buf, ctxio.Reader(ctx, body)); err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: true, Err: err}
 	}
-	if err := body.check(p); err != nil {
+	sum, err := body.check(p)
+	if err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Err: err}
 	}
 	s.b.mu.Lock()
 	s.b.objects[key] = memObject{data: buf.Bytes(), mod: time.Now(), version: memVersion.Add(1)}
 	s.b.mu.Unlock()
-	return PayloadResponse{FullPayloadPath: s.root.Path(key)}, nil
+	return PayloadResponse{FullPayloadPath: s.root.Path(key), SHA256: sum}, nil
 }
 
 func (s *MemStore) Download(_ context.Context, fullPath string) (io.ReadCloser, error) {

@@ -117,27 +117,52 @@ func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error
 func (w *policyStore) Publish(ctx context.Context, topic string, pl Payload) (PayloadResponse, error) {
 	ctx, cancel := w.withTimeout(ctx)
 	defer cancel()
+	hs, own := w.PayloadStore.(hashingStore)
+	if pl.Unhashed && !(own && hs.onePass(pl)) {
+		// The id or the store needs the digest before the bytes are
+		// written: a pass to hash them first.
+		var err error
+		if pl, err = hashFirst(ctx, pl); err != nil {
+			return PayloadResponse{}, &Error{Op: "publish", Path: topic, Err: err}
+		}
+	}
 	if pl.ID == "" {
 		// Fix the id once, so that every attempt writes the same object.
 		pl.ID = w.PayloadStore.ID(pl)
 	}
-	// Hash what the store actually reads: a Body that changed since its
-	// SHA256 was taken (a file rewritten during upload) must not end up
-	// referenced under a digest it does not have.
-	hb := &hashingBody{body: pl.Body, h: sha256.New()}
-	pl.Body = hb
+	// The stores of this package check what they read against the
+	// payload's size and digest before the object becomes visible, and
+	// return the digest of what they wrote. Of another store, hash what it
+	// actually reads here: a Body that changed since its SHA256 was taken
+	// (a file rewritten during upload) must not end up referenced under a
+	// digest it does not have.
+	var hb *hashingBody
+	if !own {
+		hb = &hashingBody{body: pl.Body, h: sha256.New()}
+		pl.Body = hb
+	}
 	resp, err := retry(ctx, w.p, func() (PayloadResponse, error) {
 		return w.PayloadStore.Publish(ctx, topic, pl)
 	})
 	if err != nil {
 		return PayloadResponse{}, err
 	}
-	// A store that did not read through Body (a stub, or one that reads the
-	// source another way) is not checked here.
-	if got := hb.h.Sum(nil); hb.n > 0 && (hb.n != pl.Size || !bytes.Equal(got, pl.SHA256[:])) {
+	switch {
+	case own && !pl.Unhashed && pl.SHA256 != ([sha256.Size]byte{}) && resp.SHA256 != pl.SHA256:
+		// (the store checked this already: a second look costs nothing)
 		derr := w.undo(ctx, resp.FullPayloadPath)
 		return PayloadResponse{}, &Error{Op: "publish", Path: resp.FullPayloadPath,
-			Err: errors.Join(fmt.Errorf("%w: the store read %d bytes with SHA-256 %x, the payload was %d bytes with %x", ErrPayloadChanged, hb.n, got, pl.Size, pl.SHA256), derr)}
+			Err: errors.Join(fmt.Errorf("%w: the store wrote %d bytes with SHA-256 %x, the payload was %d bytes with %x", ErrPayloadChanged, pl.Size, resp.SHA256, pl.Size, pl.SHA256), derr)}
+	case own:
+	default:
+		// A store that did not read through Body (a stub, or one that
+		// reads the source another way) is not checked here.
+		if got := hb.h.Sum(nil); hb.n > 0 && (hb.n != pl.Size || !bytes.Equal(got, pl.SHA256[:])) {
+			derr := w.undo(ctx, resp.FullPayloadPath)
+			return PayloadResponse{}, &Error{Op: "publish", Path: resp.FullPayloadPath,
+				Err: errors.Join(fmt.Errorf("%w: the store read %d bytes with SHA-256 %x, the payload was %d bytes with %x", ErrPayloadChanged, hb.n, got, pl.Size, pl.SHA256), derr)}
+		}
+		resp.SHA256 = pl.SHA256
 	}
 	if max := w.p.CustomMetadataMaxBytes; len(resp.CustomMetadata) > max {
 		derr := w.undo(ctx, resp.FullPayloadPath)

@@ -17,6 +17,8 @@ import (
 	"io"
 	"os"
 	"time"
+
+	"github.com/ferrykit/ferry/internal/ctxio"
 )
 
 // Payload is one object to publish.
@@ -29,6 +31,14 @@ type Payload struct {
 	Body   io.ReadSeeker
 	Size   int64
 	SHA256 [sha256.Size]byte
+	// Unhashed says SHA256 is not set (StreamPayload): the store hashes
+	// the bytes as it writes them and returns their digest in
+	// PayloadResponse.SHA256, so a payload that is not in memory is read
+	// once. A store that needs the digest before it writes (a content id;
+	// a cloud store, which puts it in the object's metadata; a store from
+	// outside this package, behind Wrap) hashes Body first: OnePass says
+	// which.
+	Unhashed bool
 	// ID, when set, names the object instead of the store's ID(payload); the
 	// serializer sets it to the content id for offloaded keys, so that equal
 	// key bytes always give the same reference (partitioning, compaction).
@@ -40,9 +50,74 @@ func BytesPayload(b []byte) Payload {
 	return Payload{Body: bytes.NewReader(b), Size: int64(len(b)), SHA256: sha256.Sum256(b)}
 }
 
+// StreamPayload returns an Unhashed Payload of the size bytes body yields
+// from offset 0 (a file): the store hashes it as it writes it, and the
+// digest comes back in PayloadResponse.SHA256. Bytes that are not size long
+// when the store reads them fail the publish with ErrPayloadChanged, and
+// nothing is left at the object's path.
+func StreamPayload(body io.ReadSeeker, size int64) Payload {
+	return Payload{Body: body, Size: size, Unhashed: true}
+}
+
+// OnePass reports whether s publishes p, an Unhashed payload, in one pass
+// over its body: hashing what it writes. Otherwise Publish reads the body
+// twice, to hash it, then to write it: for a content id (IDSHA256, or p.ID
+// empty with large.message.payload.id.generator=sha256), for the cloud
+// stores (the digest goes into the object's metadata, set before the
+// upload), and for stores from outside this package (through Wrap). A
+// caller that wants to show the hashing (a progress bar) can hash first
+// itself when OnePass is false.
+func OnePass(s PayloadStore, p Payload) bool {
+	h, ok := Unwrap(s).(hashingStore)
+	return ok && h.onePass(p)
+}
+
+// hashingStore is a store of this package: its Publish hashes what it
+// writes (digestReader), refuses bytes that are not the payload's before
+// the object becomes visible (ErrPayloadChanged), returns their digest in
+// PayloadResponse.SHA256, and writes an Unhashed payload in one pass when
+// onePass says so (it hashes it first otherwise).
+type hashingStore interface {
+	PayloadStore
+	onePass(p Payload) bool
+}
+
+// randomIDs reports whether gen names objects without their content (so
+// that an Unhashed payload can be named before it is hashed).
+func randomIDs(gen IDGenerator) bool {
+	switch gen.(type) {
+	case nil, IDUUID, *IDUUID:
+		return true
+	}
+	return false
+}
+
+// hashFirst returns p with its SHA256 set from reading Body from offset 0
+// (p itself when it is not Unhashed): for a store that needs the digest
+// before it writes. Body must yield exactly p.Size bytes (ErrPayloadChanged
+// otherwise).
+func hashFirst(ctx context.Context, p Payload) (Payload, error) {
+	if !p.Unhashed {
+		return p, nil
+	}
+	if _, err := p.Body.Seek(0, io.SeekStart); err != nil {
+		return p, err
+	}
+	d := newDigestReader(io.LimitReader(p.Body, p.Size+1))
+	if _, err := ctxio.Copy(ctx, io.Discard, d); err != nil {
+		return p, err
+	}
+	if d.n != p.Size {
+		return p, fmt.Errorf("%w: body gave %d bytes, want %d", ErrPayloadChanged, d.n, p.Size)
+	}
+	p.SHA256, p.Unhashed = d.sum(), false
+	return p, nil
+}
+
 // FilePayload hashes f from its start and returns a Payload that reads it.
 // f must stay open until the Payload has been published. Errors are those of
-// reading f.
+// reading f. StreamPayload publishes a file in one pass where the store
+// allows it (OnePass): the digest is then known only after Publish.
 func FilePayload(f *os.File) (Payload, error) {
 	h := sha256.New()
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
@@ -74,6 +149,12 @@ type PayloadResponse struct {
 	// reference (KIP-917); nil for none. At most
 	// large.message.payload.store.custom.metadata.max.bytes long.
 	CustomMetadata []byte
+	// SHA256 is the digest of the object's bytes: computed by the store as
+	// it wrote them (every store of this package does, which is how an
+	// Unhashed payload gets its digest), or, through Wrap, the payload's
+	// own. It is zero when a store from outside this package was called
+	// directly, not through Wrap.
+	SHA256 [sha256.Size]byte
 }
 
 // PayloadStore is the Go shape of KIP-1159's PayloadStore interface.

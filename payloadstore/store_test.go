@@ -441,6 +441,48 @@ func runConformance(t *testing.T, open func(t *testing.T) payloadstore.PayloadSt
 		}
 	})
 
+	// An Unhashed payload (StreamPayload) gets its digest from the store,
+	// computed over what it wrote; a store that can (OnePass) reads the
+	// body once.
+	t.Run("StreamPayload", func(t *testing.T) {
+		s := open(t)
+		for _, size := range []int{0, 1, 3<<20 + 17} {
+			t.Run(fmt.Sprint(size), func(t *testing.T) {
+				b := randBytes(t, size)
+				body := &countingBody{ReadSeeker: bytes.NewReader(b)}
+				p := payloadstore.StreamPayload(body, int64(size))
+				onePass := payloadstore.OnePass(s, p)
+				resp, err := s.Publish(ctx, conformanceTopic, p)
+				if err != nil {
+					t.Fatalf("Publish: %v", err)
+				}
+				if want := sha256.Sum256(b); resp.SHA256 != want {
+					t.Fatalf("the store returned SHA-256 %x, the bytes have %x", resp.SHA256, want)
+				}
+				if onePass && body.n != int64(size) {
+					t.Fatalf("OnePass, yet the store read %d bytes of a %d-byte body", body.n, size)
+				}
+				got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath)
+				if err != nil || !bytes.Equal(got, b) {
+					t.Fatalf("Download: %d bytes (%v), want the %d published", len(got), err, size)
+				}
+			})
+		}
+		// A body that is not Size long leaves nothing behind.
+		for name, size := range map[string]int64{"shorter": 11, "longer": 9} {
+			t.Run(name, func(t *testing.T) {
+				p := payloadstore.StreamPayload(bytes.NewReader([]byte("0123456789")), size)
+				p.ID = "stream-" + name
+				if _, err := s.Publish(ctx, conformanceTopic, p); !errors.Is(err, payloadstore.ErrPayloadChanged) {
+					t.Fatalf("Publish of a body %s than Size: %v, want ErrPayloadChanged", name, err)
+				}
+				if _, err := s.Download(ctx, rootOf(t, s)+"/"+objectKey(conformanceTopic, p.ID)); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+					t.Fatalf("an object exists after a failed publish: %v", err)
+				}
+			})
+		}
+	})
+
 	t.Run("BodyShorterThanSize", func(t *testing.T) {
 		s := open(t)
 		p := payloadstore.BytesPayload([]byte("abc"))
@@ -900,6 +942,114 @@ func TestOpenWithSHA256Generator(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countingBody counts the bytes read from it.
+type countingBody struct {
+	io.ReadSeeker
+	n int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadSeeker.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// foreignStore hides what the stores of this package are: a store from
+// outside it.
+type foreignStore struct{ payloadstore.PayloadStore }
+
+// Which stores publish an Unhashed payload in one pass, and what the others
+// do with it: hash it first, so that its digest is right.
+func TestOnePass(t *testing.T) {
+	ctx := context.Background()
+	uuidStore, err := payloadstore.Open(ctx, "file://"+t.TempDir(), payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shaStore, err := payloadstore.Open(ctx, "file://"+t.TempDir(), payloadstore.Options{IDGenerator: payloadstore.IDSHA256{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := payloadstore.StreamPayload(bytes.NewReader(nil), 0)
+	withID := p
+	withID.ID = "fixed"
+	for _, c := range []struct {
+		name string
+		s    payloadstore.PayloadStore
+		p    payloadstore.Payload
+		want bool
+	}{
+		{"file, uuid", uuidStore, p, true},
+		{"file, uuid, wrapped", payloadstore.Wrap(uuidStore, payloadstore.DefaultPolicy), p, true},
+		{"mem, uuid", payloadstore.NewMemStore(fmt.Sprintf("onepass-%d", memSeq.Add(1)), nil), p, true},
+		{"file, sha256 ids", shaStore, p, false},
+		{"file, sha256 ids, id given", shaStore, withID, true},
+		{"mem, sha256 ids", payloadstore.NewMemStore(fmt.Sprintf("onepass-%d", memSeq.Add(1)), payloadstore.IDSHA256{}), p, false},
+		{"another package's store", foreignStore{uuidStore}, p, false},
+		{"another package's store, wrapped", payloadstore.Wrap(foreignStore{uuidStore}, payloadstore.DefaultPolicy), p, false},
+	} {
+		if got := payloadstore.OnePass(c.s, c.p); got != c.want {
+			t.Errorf("%s: OnePass = %v, want %v", c.name, got, c.want)
+		}
+	}
+
+	// Content ids: the payload is hashed first, the object named by it.
+	b := randBytes(t, 5<<20+3)
+	sum := sha256.Sum256(b)
+	for name, s := range map[string]payloadstore.PayloadStore{
+		"direct":  shaStore,
+		"wrapped": payloadstore.Wrap(shaStore, payloadstore.DefaultPolicy),
+	} {
+		body := &countingBody{ReadSeeker: bytes.NewReader(b)}
+		resp, err := s.Publish(ctx, "t", payloadstore.StreamPayload(body, int64(len(b))))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !strings.HasSuffix(resp.FullPayloadPath, "/"+hex.EncodeToString(sum[:])) || resp.SHA256 != sum {
+			t.Fatalf("%s: path %s, SHA-256 %x: want the content id %x", name, resp.FullPayloadPath, resp.SHA256, sum)
+		}
+		if body.n != 2*int64(len(b)) {
+			t.Fatalf("%s: read %d bytes, want two passes of %d", name, body.n, len(b))
+		}
+	}
+
+	// A store from outside the package, through Wrap: hashed first, and
+	// what it read checked against that (a body that changes in between
+	// fails).
+	w := payloadstore.Wrap(foreignStore{uuidStore}, payloadstore.DefaultPolicy)
+	resp, err := w.Publish(ctx, "t", payloadstore.StreamPayload(bytes.NewReader(b), int64(len(b))))
+	if err != nil || resp.SHA256 != sum {
+		t.Fatalf("foreign store through Wrap: SHA-256 %x, %v; want %x", resp.SHA256, err, sum)
+	}
+	if _, err := w.Publish(ctx, "t", payloadstore.StreamPayload(&changingBody{a: b, b: randBytes(t, len(b))}, int64(len(b)))); !errors.Is(err, payloadstore.ErrPayloadChanged) {
+		t.Fatalf("foreign store through Wrap, body changed after hashing: %v, want ErrPayloadChanged", err)
+	}
+}
+
+// changingBody yields a until its first seek back to the start after
+// being read to the end, then b.
+type changingBody struct {
+	a, b []byte
+	r    *bytes.Reader
+}
+
+func (c *changingBody) Read(p []byte) (int, error) {
+	if c.r == nil {
+		c.r = bytes.NewReader(c.a)
+	}
+	return c.r.Read(p)
+}
+
+func (c *changingBody) Seek(off int64, whence int) (int64, error) {
+	if c.r != nil && c.r.Len() == 0 {
+		c.r = bytes.NewReader(c.b)
+	}
+	if c.r == nil {
+		c.r = bytes.NewReader(c.a)
+	}
+	return c.r.Seek(off, whence)
 }
 
 func TestMemStoresShareByName(t *testing.T) {

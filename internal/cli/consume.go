@@ -202,10 +202,18 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		return err
 	}
 	defer rc.Close()
-	body := ctxio.Reader(ctx, rc) // a long copy (a local file store) stops with ctx too
 	offloaded := largemessage.IsOffloaded(r)
+	// A payload is read, verified (size, SHA-256) and written in one pass,
+	// in ctxio.Copy's 64 KiB pieces; a long copy (a local file store)
+	// stops with ctx. An inline value is written as it is.
+	copyValue := func(dst io.Writer) (int64, error) {
+		if !offloaded {
+			return io.Copy(dst, rc)
+		}
+		return ctxio.Copy(ctx, dst, rc)
+	}
 	if c.out == "" {
-		if n, err := io.Copy(c.stdout, body); err != nil {
+		if n, err := copyValue(c.stdout); err != nil {
 			c.partial = n > 0
 			return c.recordErr(r, err)
 		}
@@ -216,7 +224,7 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(tmp, body)
+	n, err := copyValue(tmp)
 	if err == nil {
 		err = tmp.Chmod(0o644) // CreateTemp makes 0600; the output is an ordinary file
 	}

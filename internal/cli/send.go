@@ -323,16 +323,23 @@ func (s *sender) keyBesideReference(ctx context.Context, topic, name string, rec
 // stream offloads f without reading it into memory, then produces the
 // reference.
 func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *os.File, size int64) (sent, error) {
-	out := sent{Name: name}
-	// Hashing a large file takes a while: it stops with ctx.
-	p, err := hashWithProgress(ctx, f, size, s.bar(size, "hashing   "+name))
-	if err != nil {
-		return out, fmt.Errorf("%s: reading: %w", name, err)
+	out := sent{Name: name, Size: size}
+	// The store hashes the file as it writes it (one pass) unless it needs
+	// the digest first (a content id, a cloud store): then it is hashed
+	// here, with its own progress bar. Either way a file that changes
+	// meanwhile fails the publish (payloadstore.ErrPayloadChanged).
+	p := payloadstore.StreamPayload(f, size)
+	if !payloadstore.OnePass(s.store, p) {
+		// Hashing a large file takes a while: it stops with ctx.
+		var err error
+		p, err = hashWithProgress(ctx, f, size, s.bar(size, "hashing   "+name))
+		if err != nil {
+			return out, fmt.Errorf("%s: reading: %w", name, err)
+		}
+		if p.Size != size {
+			return out, fmt.Errorf("%s: changed while it was read (%d bytes, then %d)", name, size, p.Size)
+		}
 	}
-	if p.Size != size {
-		return out, fmt.Errorf("%s: changed while it was read (%d bytes, then %d)", name, size, p.Size)
-	}
-	out.Size, out.SHA256 = p.Size, p.SHA256
 	// Decided before anything is published: the key is not offloaded
 	// here, so it must fit beside the reference the value will get.
 	if pre, err := s.prod.Serializer().PreviewValue(&kgo.Record{Topic: topic, Key: key}, p); err != nil {
@@ -351,9 +358,11 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 	// A file changed since it was hashed fails here with
 	// payloadstore.ErrPayloadChanged, its object deleted; an interrupted
 	// upload is aborted.
-	if _, err = s.prod.Serializer().OffloadValue(ctx, rec, p); err != nil {
+	did, err := s.prod.Serializer().OffloadValue(ctx, rec, p)
+	if err != nil {
 		return out, &sendError{name: name, err: fmt.Errorf("offloading: %w", err)}
 	}
+	out.SHA256 = did.ValueSHA256
 	// Again with the reference as published (a store may add metadata).
 	if err := s.keyBesideReference(ctx, topic, name, rec); err != nil {
 		err.(*sendError).notes = s.release(ctx, delivery{rec: rec})
@@ -410,7 +419,7 @@ func hashWithProgress(ctx context.Context, f *os.File, size int64, bar *progress
 		return payloadstore.Payload{}, err
 	}
 	h := sha256.New()
-	n, err := io.Copy(io.MultiWriter(h, bar), ctxio.Reader(ctx, f))
+	n, err := ctxio.Copy(ctx, io.MultiWriter(h, bar), f)
 	if err != nil {
 		return payloadstore.Payload{}, err
 	}
