@@ -97,42 +97,7 @@ func fetchRecordsFields(version int16, body []byte) ([]int, error) {
 	}
 	s := scanner{b: kbin.Reader{Src: body}, flexible: version >= 12}
 	var offs []int
-	s.b.Int32() // throttle
-	if version >= 7 {
-		s.b.Int16() // error code
-		s.b.Int32() // session id
-	}
-	topics := s.arrayLen()
-	for t := int64(0); t < topics && s.b.Ok(); t++ {
-		if version >= 13 {
-			s.b.Uuid()
-		} else {
-			s.str()
-		}
-		n := s.arrayLen()
-		for p := int64(0); p < n && s.b.Ok(); p++ {
-			s.b.Int32() // partition
-			s.b.Int16() // error code
-			s.b.Int64() // high watermark
-			s.b.Int64() // last stable offset
-			if version >= 5 {
-				s.b.Int64() // log start offset
-			}
-			aborted := s.arrayLen()
-			for a := int64(0); a < aborted && s.b.Ok(); a++ {
-				s.b.Int64() // producer id
-				s.b.Int64() // first offset
-				s.tags()
-			}
-			if version >= 11 {
-				s.b.Int32() // preferred read replica
-			}
-			offs = append(offs, len(body)-len(s.b.Src))
-			s.nullableBytes() // records
-			s.tags()
-		}
-		s.tags()
-	}
+	s.fetchResponse(version, func(left int) { offs = append(offs, len(body)-left) })
 	s.tags()
 	if err := s.b.Complete(); err != nil {
 		return nil, errShape

@@ -220,31 +220,7 @@ func namesBrokers(key, version int16, body []byte) (bool, error) {
 		}
 		s.b.Int32() // throttle
 	case key == keyFetch && version >= 16:
-		s.b.Int32() // throttle
-		s.b.Int16() // error code
-		s.b.Int32() // session id
-		topics := s.arrayLen()
-		for t := int64(0); t < topics && s.b.Ok(); t++ {
-			s.b.Uuid()
-			n := s.arrayLen()
-			for p := int64(0); p < n && s.b.Ok(); p++ {
-				s.b.Int32() // partition
-				s.b.Int16() // error code
-				s.b.Int64() // high watermark
-				s.b.Int64() // last stable offset
-				s.b.Int64() // log start offset
-				aborted := s.arrayLen()
-				for a := int64(0); a < aborted && s.b.Ok(); a++ {
-					s.b.Int64() // producer id
-					s.b.Int64() // first offset
-					s.tags()
-				}
-				s.b.Int32()       // preferred read replica
-				s.nullableBytes() // records
-				s.tags()          // diverging epoch, current leader, snapshot id
-			}
-			s.tags()
-		}
+		s.fetchResponse(version, nil)
 	default:
 		return false, errShape
 	}
@@ -259,4 +235,49 @@ func namesBrokers(key, version int16, body []byte) (bool, error) {
 		return false, errShape
 	}
 	return found, nil
+}
+
+// fetchResponse walks a Fetch response body (v4+) as kmsg decodes it, up to
+// its top-level tagged fields; records, when not nil, is given, for each
+// partition's record set field in order, the bytes left in the body from
+// that field on (its length first). It allocates nothing of its own.
+func (s *scanner) fetchResponse(version int16, records func(left int)) {
+	s.b.Int32() // throttle
+	if version >= 7 {
+		s.b.Int16() // error code
+		s.b.Int32() // session id
+	}
+	topics := s.arrayLen()
+	for t := int64(0); t < topics && s.b.Ok(); t++ {
+		if version >= 13 {
+			s.b.Uuid()
+		} else {
+			s.str()
+		}
+		n := s.arrayLen()
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32() // partition
+			s.b.Int16() // error code
+			s.b.Int64() // high watermark
+			s.b.Int64() // last stable offset
+			if version >= 5 {
+				s.b.Int64() // log start offset
+			}
+			aborted := s.arrayLen()
+			for a := int64(0); a < aborted && s.b.Ok(); a++ {
+				s.b.Int64() // producer id
+				s.b.Int64() // first offset
+				s.tags()
+			}
+			if version >= 11 {
+				s.b.Int32() // preferred read replica
+			}
+			if records != nil {
+				records(len(s.b.Src))
+			}
+			s.nullableBytes() // records
+			s.tags()          // diverging epoch, current leader, snapshot id
+		}
+		s.tags()
+	}
 }
