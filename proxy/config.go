@@ -17,7 +17,10 @@ import (
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
 
+	"github.com/twmb/franz-go/pkg/sasl"
+
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/kafkaconf"
 )
 
 // Config is a proxy's configuration. The YAML file keys (LoadConfigFile) are
@@ -115,14 +118,35 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// SASLConfig is the proxy's own SASL login to the upstream cluster.
+// SASLConfig is the proxy's own SASL login to the upstream cluster, mapped
+// onto franz-go by internal/kafkaconf (as the ferry CLI's sasl.* keys are).
 type SASLConfig struct {
-	// Mechanism is PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+	// Mechanism is PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER
 	// (`upstream.sasl.mechanism`); empty: none.
 	Mechanism string
 	// Username and Password (`upstream.sasl.username`,
-	// `upstream.sasl.password`).
+	// `upstream.sasl.password`) for PLAIN and SCRAM.
 	Username, Password string
+	// TokenFile holds the OAUTHBEARER token, read again at each login
+	// (`upstream.sasl.oauthbearer.token.file`).
+	TokenFile string
+}
+
+// mechanism is the franz-go mechanism of c (kafkaconf.NewMechanism), nil
+// for none. Errors name the upstream.sasl.* keys.
+func (c SASLConfig) mechanism() (sasl.Mechanism, error) {
+	if c.Mechanism == "" {
+		return nil, nil
+	}
+	m, err := kafkaconf.NewMechanism(kafkaconf.SASL{Mechanism: c.Mechanism, Username: c.Username, Password: c.Password, TokenFile: c.TokenFile})
+	if err != nil {
+		var ke *kafkaconf.Error
+		if errors.As(err, &ke) {
+			err = ke.Err
+		}
+		return nil, fmt.Errorf("upstream.sasl.mechanism %q: %w", c.Mechanism, err)
+	}
+	return m, nil
 }
 
 // Defaults of the connection bounds.
@@ -231,13 +255,10 @@ func (c *Config) Validate() error {
 	if c.BatchDecompressedMax < 0 || c.RequestDecompressedMax < 0 {
 		return errors.New("interceptor.batch.decompressed.max.bytes and interceptor.request.decompressed.max.bytes must be positive")
 	}
-	switch strings.ToUpper(c.UpstreamSASL.Mechanism) {
-	case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
-	default:
-		return fmt.Errorf("upstream.sasl.mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.UpstreamSASL.Mechanism)
-	}
-	if c.UpstreamSASL.Mechanism != "" && c.UpstreamSASL.Username == "" {
-		return errors.New("upstream.sasl.username is required with upstream.sasl.mechanism")
+	if c.UpstreamSASL.Mechanism != "" {
+		if _, err := c.UpstreamSASL.mechanism(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -313,7 +334,7 @@ var configKeys = []string{
 	"interceptors", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
 	"max.connections", "max.connections.per.ip", "max.in.flight.requests.per.connection", "proxy.memory.max.bytes",
 	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
-	"upstream.sasl.mechanism", "upstream.sasl.username", "upstream.sasl.password",
+	"upstream.sasl.mechanism", "upstream.sasl.username", "upstream.sasl.password", "upstream.sasl.oauthbearer.token.file",
 }
 
 // LoadConfigFile reads a YAML config file with koanf. Keys may be nested
@@ -414,7 +435,8 @@ func LoadConfigFile(path string) (Config, error) {
 	c.MemoryMax = num("proxy.memory.max.bytes", 1<<62)
 	c.BatchDecompressedMax = num("interceptor.batch.decompressed.max.bytes", 1<<62)
 	c.RequestDecompressedMax = num("interceptor.request.decompressed.max.bytes", 1<<62)
-	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: str("upstream.sasl.username"), Password: str("upstream.sasl.password")}
+	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: str("upstream.sasl.username"), Password: str("upstream.sasl.password"),
+		TokenFile: str("upstream.sasl.oauthbearer.token.file")}
 	specs, err := interceptorSpecs(k.Get("interceptors"))
 	if err != nil {
 		errs = append(errs, err)

@@ -96,11 +96,29 @@ func TestConfigValidate(t *testing.T) {
 		"client TLS without key":    func(c *Config) { c.ClientTLS = TLSConfig{Enabled: true, Cert: "c.pem"} },
 		"bad client.auth":           func(c *Config) { c.ClientTLS.ClientAuth = "always" },
 		"upstream cert without key": func(c *Config) { c.UpstreamTLS = TLSConfig{Enabled: true, Cert: "c.pem"} },
+		"SASL GSSAPI":               func(c *Config) { c.UpstreamSASL = SASLConfig{Mechanism: "GSSAPI", Username: "u"} },
+		"SASL PLAIN without user":   func(c *Config) { c.UpstreamSASL = SASLConfig{Mechanism: "PLAIN"} },
+		"OAUTHBEARER without token": func(c *Config) { c.UpstreamSASL = SASLConfig{Mechanism: "OAUTHBEARER"} },
+		"OAUTHBEARER missing file":  func(c *Config) { c.UpstreamSASL = SASLConfig{Mechanism: "OAUTHBEARER", TokenFile: "/nonexistent/t"} },
 	} {
 		c := ok
 		mut(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("%s: no error", name)
+		}
+	}
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("eyJ.token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []SASLConfig{
+		{Mechanism: "scram-sha-512", Username: "alice", Password: "p"},
+		{Mechanism: "OAUTHBEARER", TokenFile: tok},
+	} {
+		c := ok
+		c.UpstreamSASL = sc
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", sc, err)
 		}
 	}
 	// New reports unreadable TLS files.

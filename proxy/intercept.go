@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,9 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/sasl"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/largemessage"
@@ -98,10 +94,13 @@ func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory) (
 	if upstreamTLS != nil {
 		opts = append(opts, upstreamTLS)
 	}
-	if m := saslMechanism(cfg.UpstreamSASL); m != nil {
+	m, err := cfg.UpstreamSASL.mechanism()
+	if err != nil {
+		return nil, err
+	}
+	if m != nil {
 		opts = append(opts, kgo.SASL(m))
 	}
-	var err error
 	if ic.admin, err = kgo.NewClient(opts...); err != nil {
 		return nil, fmt.Errorf("interceptors: admin client of the upstream cluster: %w", err)
 	}
@@ -114,19 +113,6 @@ func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory) (
 		return nil, err
 	}
 	return ic, nil
-}
-
-// saslMechanism is the franz-go mechanism of c, nil for none.
-func saslMechanism(c SASLConfig) sasl.Mechanism {
-	switch strings.ToUpper(c.Mechanism) {
-	case "PLAIN":
-		return plain.Auth{User: c.Username, Pass: c.Password}.AsMechanism()
-	case "SCRAM-SHA-256":
-		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha256Mechanism()
-	case "SCRAM-SHA-512":
-		return scram.Auth{User: c.Username, Pass: c.Password}.AsSha512Mechanism()
-	}
-	return nil
 }
 
 func (ic *interception) close() {

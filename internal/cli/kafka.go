@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/internal/kafkaconf"
 	"github.com/ferrykit/ferry/internal/props"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -36,6 +37,8 @@ type settings struct {
 	props   map[string]string
 	brokers []string
 	cfg     largemessage.Config
+	// sec is security.protocol with its ssl.* and sasl.* keys (kafkaconf).
+	sec *kafkaconf.Security
 	// readOnly: the command only consumes; the store must exist.
 	readOnly bool
 }
@@ -69,15 +72,19 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 	if s.cfg, err = largemessage.ParseConfig(p); err != nil {
 		return nil, &usageError{err: err}
 	}
+	if s.sec, err = kafkaconf.Parse(p); err != nil {
+		return nil, &usageError{err: err}
+	}
 	return s, nil
 }
 
 // warnIgnored warns about properties ferry does not apply, so that a
-// setting such as security.protocol is not dropped silently.
+// setting such as ssl.cipher.suites is not dropped silently (the security
+// keys kafkaconf reads are applied, or refused with an error).
 func warnIgnored(p map[string]string) error {
 	for _, k := range props.Keys(p) {
 		switch {
-		case k == keyBootstrap, k == keyClientID, k == keyMaxRequestSize,
+		case k == keyBootstrap, k == keyClientID, k == keyMaxRequestSize, kafkaconf.Handles(k),
 			k == largemessage.KeyCompressionType, k == largemessage.KeyMaxBlock, k == largemessage.KeyMaxPollInterval,
 			slices.Contains(largemessage.Keys(), k),
 			strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
@@ -131,6 +138,9 @@ func (s *settings) clientOpts() ([]kgo.Opt, error) {
 		kgo.SeedBrokers(s.brokers...),
 		kgo.WithLogger(slogLogger{}),
 	}
+	if s.sec != nil {
+		opts = append(opts, s.sec.Opts()...)
+	}
 	if id := strings.TrimSpace(s.props[keyClientID]); id != "" {
 		opts = append(opts, kgo.ClientID(id))
 	}
@@ -169,9 +179,21 @@ func (s *settings) connect(ctx context.Context, extra ...kgo.Opt) (*kgo.Client, 
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %s", pingTimeout)
 		}
-		return nil, fmt.Errorf("cannot reach Kafka at %s: %w", strings.Join(s.brokers, ","), err)
+		if errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism) {
+			return nil, fmt.Errorf("Kafka at %s refused the login (%s): %w", strings.Join(s.brokers, ","), s.sec, err)
+		}
+		return nil, fmt.Errorf("cannot reach Kafka at %s%s: %w", strings.Join(s.brokers, ","), s.secNote(), err)
 	}
 	return cl, nil
+}
+
+// secNote is " (SASL_SSL (SCRAM-SHA-256 as alice))" for messages, "" for
+// PLAINTEXT.
+func (s *settings) secNote() string {
+	if s.sec == nil || s.sec.Protocol == kafkaconf.Plaintext {
+		return ""
+	}
+	return " (" + s.sec.String() + ")"
 }
 
 // checkTopic fails clearly when topic does not exist.

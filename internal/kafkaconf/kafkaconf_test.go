@@ -340,7 +340,7 @@ func TestParse(t *testing.T) {
 			wantErr: "only a file: URL", key: KeyOAuthTokenEndpoint, unsupp: true},
 		{name: "oauth no token", props: map[string]string{"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
 			"sasl.jaas.config": jaas("oauthbearer.OAuthBearerLoginModule", "")},
-			wantErr: "OAUTHBEARER needs a token", key: KeySASLMechanism},
+			wantErr: "OAUTHBEARER needs exactly one token source", key: KeySASLMechanism},
 		{name: "oauth unsecured login refused", props: map[string]string{"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER",
 			"sasl.jaas.config": jaas("oauthbearer.OAuthBearerLoginModule", `unsecuredLoginStringClaim_sub="alice"`)},
 			wantErr: "unsecured OAUTHBEARER", key: KeySASLJAASConfig, unsupp: true},

@@ -50,14 +50,14 @@ func NewMechanism(a SASL) (sasl.Mechanism, error) {
 	switch mech {
 	case MechPlain, MechScramSHA256, MechScramSHA512:
 		if a.Username == "" {
-			return nil, errorf(KeySASLMechanism, "%s needs a user name (sasl.username, or username=\"…\" in sasl.jaas.config)", mech)
+			return nil, errorf(KeySASLMechanism, "%s needs a user name", mech)
 		}
 		if a.Token != "" || a.TokenFile != "" {
 			return nil, errorf(KeySASLMechanism, "%s takes a user name and password, not an OAUTHBEARER token", mech)
 		}
 	case MechOAuthBearer:
 		if (a.Token == "") == (a.TokenFile == "") {
-			return nil, errorf(KeySASLMechanism, "OAUTHBEARER needs a token: token=\"…\" or tokenFile=\"…\" in sasl.jaas.config's OAuthBearerLoginModule, or %s=file:PATH", KeyOAuthTokenEndpoint)
+			return nil, errorf(KeySASLMechanism, "OAUTHBEARER needs exactly one token source: a static token or a token file")
 		}
 		if a.TokenFile != "" {
 			if _, err := readToken(a.TokenFile); err != nil {
