@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -28,7 +29,8 @@ import (
 // ferry produce/consume/gc with a Java-style client.properties (PKCS12
 // trust store, sasl.jaas.config, SCRAM-SHA-512) and a librdkafka-style one
 // (ssl.ca.location, sasl.username, SCRAM-SHA-256); a wrong password and a
-// missing CA fail with a clear error and exit 1; and `ferry proxy` with the
+// missing CA fail with a clear error and exit 1; OAUTHBEARER with a token
+// file (a bad token is refused by the broker); and `ferry proxy` with the
 // large-message interceptor over that listener, whose own admin client logs
 // in to read max.message.bytes for its size check.
 func TestSASLSSL(t *testing.T) {
@@ -121,6 +123,46 @@ ssl.ca.location=%s
 		code := cli.Run(ctxT(t, time.Minute), []string{"consume", "--config", files["librdkafka"], "--topic", "sec-cli-java", "-X", "sasl.mechanism=GSSAPI"}, &out, &errb)
 		if code != cli.ExitUsage || !strings.Contains(errb.String(), "GSSAPI (Kerberos) is not supported") {
 			t.Fatalf("exit %d, stderr %q; want a usage error", code, errb.String())
+		}
+	})
+
+	t.Run("oauthbearer", func(t *testing.T) {
+		// Kafka's unsecured JWT (alg "none"), which the test broker's
+		// listener accepts: a token file named in sasl.jaas.config, and the
+		// Java style sasl.oauthbearer.token.endpoint.url=file:…
+		now := time.Now().Unix()
+		enc := base64.RawURLEncoding.EncodeToString
+		jwt := enc([]byte(`{"alg":"none"}`)) + "." + enc(fmt.Appendf(nil, `{"sub":"alice","iat":%d,"exp":%d}`, now, now+3600)) + "."
+		tokenFile := filepath.Join(dir, "token")
+		if err := os.WriteFile(tokenFile, []byte(jwt+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		small := filepath.Join(dir, "small.txt")
+		if err := os.WriteFile(small, []byte("over OAUTHBEARER"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		topic := "sec-oauth-" + suffix
+		base := []string{"--brokers", addr, "--topic", topic, "-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=OAUTHBEARER",
+			"-X", "ssl.truststore.location=" + env["FERRY_KAFKA_TRUSTSTORE"], "-X", "ssl.truststore.password=" + env["FERRY_KAFKA_TRUSTSTORE_PASSWORD"]}
+		jaasFile := []string{"-X", `sasl.jaas.config=org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required tokenFile="` + tokenFile + `";`}
+		endpoint := []string{"-X", "sasl.oauthbearer.token.endpoint.url=file://" + tokenFile}
+		var out, errb bytes.Buffer
+		if code := cli.Run(ctxT(t, time.Minute), append(append([]string{"produce"}, append(base, jaasFile...)...), small), &out, &errb); code != cli.ExitOK {
+			t.Fatalf("produce with a token file: exit %d: %s", code, errb.String())
+		}
+		out.Reset()
+		errb.Reset()
+		if code := cli.Run(ctxT(t, time.Minute), append([]string{"consume", "-n", "1"}, append(base, endpoint...)...), &out, &errb); code != cli.ExitOK || out.String() != "over OAUTHBEARER" {
+			t.Fatalf("consume with a file: token endpoint: exit %d, out %q: %s", code, out.String(), errb.String())
+		}
+		if err := os.WriteFile(tokenFile, []byte("not.a.jwt"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out.Reset()
+		errb.Reset()
+		code := cli.Run(ctxT(t, time.Minute), append(append([]string{"produce"}, append(base, jaasFile...)...), small), &out, &errb)
+		if code != cli.ExitFailure || !strings.Contains(errb.String(), "refused the login (SASL_SSL (OAUTHBEARER))") {
+			t.Fatalf("a bad token: exit %d, stderr %q", code, errb.String())
 		}
 	})
 
