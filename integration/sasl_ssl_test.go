@@ -226,6 +226,7 @@ func cliRoundTripAndGC(t *testing.T, propsFile, topic string, direct *kgo.Client
 // password the same 600 KB record is not offloaded and the broker refuses
 // it (MESSAGE_TOO_LARGE): the size check is the admin client's.
 func proxyOverSASLSSL(t *testing.T, env map[string]string, suffix string, direct func(*testing.T, ...kgo.Opt) *kgo.Client) {
+	start := time.Now()
 	bin := buildFerry(t)
 	storeURL := "file://" + filepath.Join(t.TempDir(), "store")
 	small, dflt := "sec-proxy-small-"+suffix, "sec-proxy-default-"+suffix
@@ -261,6 +262,7 @@ interceptors:
 			kgo.ProducerBatchMaxBytes(8 << 20), kgo.RecordRetries(2), kgo.RequestRetries(2)}, opts...)...)
 	}
 
+	t.Logf("ferry built, topics created: %s", time.Since(start).Round(time.Millisecond))
 	p := startFerryProxy(t, bin, yaml("alice-secret"))
 	cl := client(p.bootstrap)
 	values := map[string][]byte{small: randomBytes(600, 600_000), dflt: randomBytes(3000, 3<<20)}
@@ -299,9 +301,11 @@ interceptors:
 
 	// The control: the admin client cannot log in, so the topic's limit is
 	// unknown and the broker's own check refuses the record.
+	t.Logf("offloaded and resolved through the proxy: %s; starting the control", time.Since(start).Round(time.Millisecond))
 	bad := startFerryProxy(t, bin, yaml("wrong"))
 	err := client(bad.bootstrap).ProduceSync(ctx, &kgo.Record{Topic: small, Value: values[small]}).FirstErr()
 	if !errors.Is(err, kerr.MessageTooLarge) {
 		t.Fatalf("with a wrong admin password: %v, want MESSAGE_TOO_LARGE from the broker", err)
 	}
+	t.Logf("control refused (%v): %s", err, time.Since(start).Round(time.Millisecond))
 }

@@ -146,7 +146,9 @@ small reference instead
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
-max.request.size and the large.message.* keys).
+max.request.size, the large.message.* keys, and TLS/SASL as a Java client or
+librdkafka takes them: security.protocol, sasl.mechanism, sasl.jaas.config,
+sasl.username, ssl.truststore.*, ssl.ca.location, ...; docs/SECURITY.md).
 
 Errors are one line on stderr. Exit status: 0 done, 1 failed, 2 usage or
 configuration error (flags, arguments, properties, a malformed store URL, a

@@ -312,6 +312,12 @@ func TestParse(t *testing.T) {
 		{name: "jaas unterminated quote", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
 			"sasl.jaas.config": `org.apache.kafka.common.security.plain.PlainLoginModule required username="alice;`},
 			wantErr: "unterminated", key: KeySASLJAASConfig},
+		{name: "jaas stray value not echoed", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+			"sasl.jaas.config": jaas("plain.PlainLoginModule", `username="alice" "TopSecret"`)},
+			wantErr: "a value where an option name belongs", key: KeySASLJAASConfig},
+		{name: "jaas option without value", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+			"sasl.jaas.config": jaas("plain.PlainLoginModule", `username="alice" password`)},
+			wantErr: `want password="value"`, key: KeySASLJAASConfig},
 		{name: "no user", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"},
 			wantErr: "needs a user name", key: KeySASLMechanism},
 		{name: "GSSAPI refused", props: map[string]string{"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"},
@@ -379,6 +385,9 @@ func TestParse(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("error %q does not contain %q", err, tc.wantErr)
+			}
+			if strings.Contains(err.Error(), "TopSecret") {
+				t.Fatalf("a secret is echoed: %v", err)
 			}
 			if errors.Is(err, ErrUnsupported) != tc.unsupp {
 				t.Fatalf("errors.Is(ErrUnsupported) = %v, want %v (%v)", !tc.unsupp, tc.unsupp, err)

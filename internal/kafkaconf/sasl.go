@@ -215,8 +215,12 @@ func parseJAAS(s string) (module string, opts map[string]string, err error) {
 	opts = map[string]string{}
 	i := 2
 	for ; i < len(toks) && toks[i].text != ";"; i += 3 {
-		if i+2 >= len(toks) || toks[i+1].text != "=" || toks[i].quoted || toks[i+2].text == ";" && !toks[i+2].quoted {
-			return "", nil, fmt.Errorf("option near %q: want name=\"value\"", toks[i].text)
+		if toks[i].quoted || toks[i].text == "=" {
+			// Not a name: perhaps a value (a secret) out of place; not shown.
+			return "", nil, fmt.Errorf("option %d of %s: a value where an option name belongs: want name=\"value\"", (i-2)/3+1, module)
+		}
+		if i+2 >= len(toks) || toks[i+1].text != "=" || toks[i+2].text == ";" && !toks[i+2].quoted {
+			return "", nil, fmt.Errorf("option %s of %s: want %s=\"value\"", toks[i].text, module, toks[i].text)
 		}
 		opts[toks[i].text] = toks[i+2].text
 	}
