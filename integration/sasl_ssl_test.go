@@ -104,7 +104,7 @@ ssl.ca.location=%s
 		} {
 			var out, errb bytes.Buffer
 			code := cli.Run(ctxT(t, time.Minute), append([]string{"produce", "--topic", "sec-wrong"}, append(args, files["java"])...), &out, &errb)
-			if code != cli.ExitFailure || !strings.Contains(errb.String(), "refused the login") || !strings.Contains(errb.String(), "SASL_AUTHENTICATION_FAILED") {
+			if code != cli.ExitFailure || !strings.Contains(errb.String(), "login refused by Kafka at "+addr) || !strings.Contains(errb.String(), "SASL_AUTHENTICATION_FAILED") {
 				t.Fatalf("%v: exit %d, stderr %q; want exit %d and the broker's SASL_AUTHENTICATION_FAILED", args, code, errb.String(), cli.ExitFailure)
 			}
 			t.Logf("wrong password: %s", strings.TrimSpace(errb.String()))
@@ -161,7 +161,7 @@ ssl.ca.location=%s
 		out.Reset()
 		errb.Reset()
 		code := cli.Run(ctxT(t, time.Minute), append(append([]string{"produce"}, append(base, jaasFile...)...), small), &out, &errb)
-		if code != cli.ExitFailure || !strings.Contains(errb.String(), "refused the login (SASL_SSL (OAUTHBEARER))") {
+		if code != cli.ExitFailure || !strings.Contains(errb.String(), "login refused by Kafka at "+addr+" (SASL_SSL (OAUTHBEARER))") {
 			t.Fatalf("a bad token: exit %d, stderr %q", code, errb.String())
 		}
 	})

@@ -180,7 +180,7 @@ func (s *settings) connect(ctx context.Context, extra ...kgo.Opt) (*kgo.Client, 
 			err = fmt.Errorf("no answer within %s", pingTimeout)
 		}
 		if errors.Is(err, kerr.SaslAuthenticationFailed) || errors.Is(err, kerr.IllegalSaslState) || errors.Is(err, kerr.UnsupportedSaslMechanism) {
-			return nil, fmt.Errorf("Kafka at %s refused the login (%s): %w", strings.Join(s.brokers, ","), s.sec, err)
+			return nil, fmt.Errorf("login refused by Kafka at %s (%s): %w", strings.Join(s.brokers, ","), s.sec, err)
 		}
 		return nil, fmt.Errorf("cannot reach Kafka at %s%s: %w", strings.Join(s.brokers, ","), s.secNote(), err)
 	}
