@@ -172,10 +172,17 @@ func (c *conn) serve() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.DialTimeout)
 		err := tc.HandshakeContext(ctx)
 		cancel()
+		if errors.Is(err, ErrSNIUnknown) {
+			c.close() // counted and logged by refuseSNI
+			return
+		}
 		if err != nil {
 			c.fail("client_tls", "client TLS handshake failed", err)
 			return
 		}
+	}
+	if c.nodeID == nodeSNI && !c.routeSNI() {
+		return
 	}
 	c.cr = bufio.NewReaderSize(activityReader{c}, readerSize)
 	var wg sync.WaitGroup
