@@ -36,6 +36,8 @@ func (a *app) proxyCommand() *cobra.Command {
 and forwards every request to the upstream cluster. Responses that name brokers
 (Metadata, FindCoordinator, DescribeCluster, KIP-951 leader endpoints) are
 rewritten to the proxy's addresses; everything else passes through untouched.
+With sni.* in the config file, one TLS listener (--listen) serves the bootstrap
+and every broker instead, routed by the TLS server name (SNI) each client sends.
 
 Settings come from a YAML file (--config, keys in docs/PROXY.md), then from flags.
 SIGTERM or Ctrl-C stops accepting, answers the requests in flight (bounded by
