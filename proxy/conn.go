@@ -219,13 +219,16 @@ func (c *conn) ensureUpstream() bool {
 		c.upMu.Unlock()
 	}
 	c.upErr = err
-	close(c.upReady)
 	if err != nil {
+		// Counted before upReady wakes the writer, which would close
+		// the connection first and leave the failure uncounted.
 		if !c.closed() {
 			c.fail("upstream_dial", "cannot reach the upstream broker", err)
 		}
+		close(c.upReady)
 		return false
 	}
+	close(c.upReady)
 	c.log.Debug("connection open", "upstream", up.RemoteAddr().String())
 	return true
 }

@@ -277,6 +277,9 @@ func TestProxySNIRouting(t *testing.T) {
 	var recs []*kgo.Record
 	leaders := map[int32]bool{}
 	for p := range int32(6) {
+		if err := c.MoveTopicPartition("t", p, md.Brokers[int(p)%len(md.Brokers)].NodeID); err != nil {
+			t.Fatal(err)
+		}
 		leaders[c.LeaderFor("t", p)] = true
 		recs = append(recs, &kgo.Record{Partition: p, Value: []byte("sni-" + strconv.Itoa(int(p)))})
 	}
@@ -287,7 +290,8 @@ func TestProxySNIRouting(t *testing.T) {
 		t.Fatal(err)
 	}
 	cons, err := kgo.NewClient(kgo.SeedBrokers("bootstrap.kafka.test:"+port), kgo.Dialer(sniDialer(s.Addr(), pool)),
-		kgo.ConsumeTopics("t"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeTopics("t"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond)) // Shutdown waits for a fetch in flight
 	if err != nil {
 		t.Fatal(err)
 	}
