@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -137,7 +138,13 @@ shutdown.timeout.ms) and exits 0.`,
 				}
 				return err
 			}
-			fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s -> %v\n", s.Addr(), cfg.Upstream)
+			if cfg.SNI.Enabled() {
+				_, port, _ := net.SplitHostPort(s.Addr())
+				fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s (SNI routing on %s) -> %v\n",
+					net.JoinHostPort(cfg.SNI.BootstrapHost, port), s.Addr(), cfg.Upstream)
+			} else {
+				fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s -> %v\n", s.Addr(), cfg.Upstream)
+			}
 			if s.AdminAddr() != "" {
 				fmt.Fprintf(a.stdout, "ferry proxy: metrics http://%s/metrics\n", s.AdminAddr())
 			}
