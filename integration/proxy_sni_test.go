@@ -162,8 +162,8 @@ func (x *sniSetup) metric(t *testing.T, series string) float64 {
 	return v
 }
 
-// inHostsNamespace makes the clients named by the env var FERRY_KCAT (kcat)
-// and the `java` on PATH run in a private mount namespace whose /etc/hosts
+// inHostsNamespace makes the clients named by the env vars FERRY_KCAT (kcat)
+// and FERRY_PYTHON (confluent-kafka) and the `java` on PATH run in a private mount namespace whose /etc/hosts
 // is x.hosts, for the rest of the test: each becomes a small script that
 // runs the real one through unshare. It skips the test when that cannot
 // work here (not root, no unshare, mounts not allowed).
@@ -192,6 +192,9 @@ func (x *sniSetup) inHostsNamespace(t *testing.T) {
 	}
 	if os.Getenv("FERRY_KCAT") != "" || hasCmd("kcat") {
 		t.Setenv("FERRY_KCAT", wrap("kcat", kcatPath(t)))
+	}
+	if py := os.Getenv("FERRY_PYTHON"); py != "" {
+		t.Setenv("FERRY_PYTHON", wrap("python", py))
 	}
 	if java, err := exec.LookPath("java"); err == nil {
 		wrap("java", java)
@@ -259,7 +262,8 @@ func TestProxySNIFranzGo(t *testing.T) {
 	}
 }
 
-// kcat (librdkafka) and Kafka's Java console tools produce and consume
+// kcat (librdkafka), Kafka's Java console tools and Python confluent-kafka
+// produce and consume
 // through the SNI listener, resolving the names through their own
 // /etc/hosts; franz-go reads back what each wrote. A client that connects
 // by IP address (no SNI) is refused and counted.
@@ -340,5 +344,16 @@ func TestProxySNIClients(t *testing.T) {
 			t.Fatalf("kafka-broker-api-versions does not name broker-N.%s:%s:\n%s", sniDomain, x.port, tail(av))
 		}
 		noRealBrokerPort(t, x.bootstrap, "kafka-broker-api-versions", av)
+	})
+
+	t.Run("python", func(t *testing.T) {
+		pythonPath(t)
+		props := []string{"security.protocol=SSL", "ssl.ca.location=" + x.caPEM}
+		topic := clientTopic(t, 3, nil)
+		headers := []clientHeader{{Key: "client", Value: []byte("python-sni")}}
+		want := binaryRecords(13, 30, "python-sni", "", headers)
+		pyProduce(t, x.bootstrap, topic, want, append(props, "enable.idempotence=true")...)
+		sameRecords(t, "python consume", pyConsume(t, x.bootstrap, topic, props...), want)
+		sameRecords(t, "franz-go consume", readBack(t, topic, len(want)), want)
 	})
 }
