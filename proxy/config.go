@@ -72,6 +72,11 @@ type Config struct {
 	ClientTLS TLSConfig
 	// UpstreamTLS is TLS towards brokers (`tls.upstream.*`).
 	UpstreamTLS TLSConfig
+	// SNI serves the bootstrap and every broker on the one TLS listener
+	// `listen`, routed by the server name of each client's handshake
+	// (`sni.*`, sni.go); needs ClientTLS. Off by default: a listener per
+	// broker.
+	SNI SNIConfig
 	// Interceptors run on produce requests and fetch responses of matching
 	// topics, in order (`interceptors`: a list of {name, config}); the
 	// built-ins are large-message, validate-json and redact
@@ -246,6 +251,9 @@ func (c *Config) Validate() error {
 	if (c.UpstreamTLS.Cert == "") != (c.UpstreamTLS.Key == "") {
 		return errors.New("tls.upstream: cert and key go together")
 	}
+	if err := c.SNI.validate(c); err != nil {
+		return err
+	}
 	if c.MaxConnections < 0 || c.MaxConnectionsPerIP < 0 || c.MaxInFlight < 0 {
 		return errors.New("max.connections, max.connections.per.ip and max.in.flight.requests.per.connection must be positive")
 	}
@@ -331,6 +339,7 @@ var configKeys = []string{
 	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
+	"sni.bootstrap.host", "sni.broker.host.pattern", "sni.advertised.port",
 	"interceptors", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
 	"max.connections", "max.connections.per.ip", "max.in.flight.requests.per.connection", "proxy.memory.max.bytes",
 	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
@@ -427,6 +436,8 @@ func LoadConfigFile(path string) (Config, error) {
 		side.t.ServerName = str(side.prefix + "server.name")
 		side.t.InsecureSkipVerify = boolean(side.prefix + "insecure.skip.verify")
 	}
+	c.SNI = SNIConfig{BootstrapHost: str("sni.bootstrap.host"), BrokerHostPattern: str("sni.broker.host.pattern"),
+		AdvertisedPort: int(num("sni.advertised.port", 65535))}
 	c.InterceptorTimeout = time.Duration(num("produce.request.interceptor.timeout.ms", 1<<31-1)) * time.Millisecond
 	c.TopicConfigRefresh = time.Duration(num("topic.config.refresh.ms", 1<<31-1)) * time.Millisecond
 	c.MaxConnections = int(num("max.connections", 1<<31-1))

@@ -172,10 +172,17 @@ func (c *conn) serve() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.s.cfg.DialTimeout)
 		err := tc.HandshakeContext(ctx)
 		cancel()
+		if errors.Is(err, ErrSNIUnknown) {
+			c.close() // counted and logged by refuseSNI
+			return
+		}
 		if err != nil {
 			c.fail("client_tls", "client TLS handshake failed", err)
 			return
 		}
+	}
+	if c.nodeID == nodeSNI && !c.routeSNI() {
+		return
 	}
 	c.cr = bufio.NewReaderSize(activityReader{c}, readerSize)
 	var wg sync.WaitGroup
@@ -212,13 +219,16 @@ func (c *conn) ensureUpstream() bool {
 		c.upMu.Unlock()
 	}
 	c.upErr = err
-	close(c.upReady)
 	if err != nil {
+		// Counted before upReady wakes the writer, which would close
+		// the connection first and leave the failure uncounted.
 		if !c.closed() {
 			c.fail("upstream_dial", "cannot reach the upstream broker", err)
 		}
+		close(c.upReady)
 		return false
 	}
+	close(c.upReady)
 	c.log.Debug("connection open", "upstream", up.RemoteAddr().String())
 	return true
 }

@@ -16,6 +16,8 @@
 // BrokerPortBase+nodeID (default: the bootstrap port + 1 + nodeID), so a
 // restarted proxy hands out the same addresses. Brokers that appear later in
 // a response get their listener before the response reaches the client.
+// With SNI routing (Config.SNI, sni.go) the one TLS listener serves them all,
+// and the server name of each client's handshake picks the broker.
 package proxy
 
 import (
@@ -82,15 +84,23 @@ type Server struct {
 	// perIP counts client connections by remote address (max.connections.per.ip).
 	perIP map[string]int
 
+	// sni routes the one listener by TLS server name; nil: a listener per
+	// broker. sniRefused counts refusals since sniRefusalLogged (unix ns),
+	// the last warning about one. lastRediscover: guarded by probeMu.
+	sni                          *sniRouter
+	sniRefused, sniRefusalLogged atomic.Int64
+	lastRediscover               time.Time
+	advertisedPort               int32 // SNI: the port told for every broker
+
 	wg sync.WaitGroup // accept loops and connections
 }
 
 // node is one upstream broker as the proxy knows it.
 type node struct {
 	id       int32
-	upstream string // real host:port, from the latest response naming it
-	ln       net.Listener
-	port     int32 // advertised port
+	upstream string       // real host:port, from the latest response naming it
+	ln       net.Listener // nil with SNI routing
+	port     int32        // advertised port
 }
 
 // New checks cfg and returns a Server that is not listening yet.
@@ -110,6 +120,11 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.dialer = &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}
 	var err error
+	if cfg.SNI.Enabled() {
+		if s.sni, err = newSNIRouter(cfg.SNI); err != nil {
+			return nil, err
+		}
+	}
 	if s.clientTLS, err = cfg.ClientTLS.serverConfig(); err != nil {
 		return nil, fmt.Errorf("client-side TLS: %w", err)
 	}
@@ -140,6 +155,10 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	host, portStr, _ := net.SplitHostPort(ln.Addr().String())
 	s.bootstrapPort, _ = strconv.Atoi(portStr)
+	s.advertisedPort = int32(s.cfg.SNI.AdvertisedPort)
+	if s.advertisedPort == 0 {
+		s.advertisedPort = int32(s.bootstrapPort)
+	}
 	s.listenHost, _, _ = net.SplitHostPort(s.cfg.Listen)
 	s.advertisedHost = s.cfg.AdvertisedHost
 	if s.advertisedHost == "" {
@@ -160,10 +179,18 @@ func (s *Server) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	s.log.Info("proxy listening", "bootstrap", ln.Addr().String(), "advertised_host", s.advertisedHost,
-		"upstream", s.cfg.Upstream, "tls", s.clientTLS != nil)
+	listener := int32(-1)
+	if s.sni != nil {
+		listener = nodeSNI
+		s.log.Info("proxy listening, routing by TLS server name (SNI)", "listen", ln.Addr().String(),
+			"sni.bootstrap.host", s.cfg.SNI.BootstrapHost, "sni.broker.host.pattern", s.cfg.SNI.BrokerHostPattern,
+			"advertised_port", s.advertisedPort, "upstream", s.cfg.Upstream)
+	} else {
+		s.log.Info("proxy listening", "bootstrap", ln.Addr().String(), "advertised_host", s.advertisedHost,
+			"upstream", s.cfg.Upstream, "tls", s.clientTLS != nil)
+	}
 	s.wg.Add(1)
-	go s.acceptLoop(ln, -1)
+	go s.acceptLoop(ln, listener)
 	// Discover the brokers now: a broker port that cannot be opened (taken,
 	// or past 65535) is a configuration error to report at start-up, not at
 	// every client's first Metadata. An unreachable upstream is only logged.
@@ -276,7 +303,10 @@ func (s *Server) listen(addr string) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.clientTLS != nil {
+	switch {
+	case s.sni != nil:
+		ln = tls.NewListener(ln, s.sniTLSConfig())
+	case s.clientTLS != nil:
 		ln = tls.NewListener(ln, s.clientTLS)
 	}
 	return ln, nil
@@ -316,10 +346,16 @@ func (s *Server) mapAddress(nodeID int32, host string, port int32) (string, int3
 			s.log.Info("broker endpoint changed", "node", nodeID, "from", n.upstream, "to", real)
 			n.upstream = real
 		}
-		return s.advertisedHost, n.port, nil
+		return s.advertisedHostOf(nodeID), n.port, nil
 	}
 	if s.closing {
 		return "", 0, errors.New("proxy shutting down")
+	}
+	if s.sni != nil {
+		// No listener of its own: the SNI listener serves it.
+		s.nodes[nodeID] = &node{id: nodeID, upstream: real, port: s.advertisedPort}
+		s.log.Info("broker routed by SNI", "node", nodeID, "host", s.sni.brokerHost(nodeID), "upstream", real)
+		return s.sni.brokerHost(nodeID), s.advertisedPort, nil
 	}
 	want, err := s.brokerPort(nodeID)
 	if err != nil {
@@ -350,7 +386,16 @@ func (s *Server) BrokerAddr(nodeID int32) (string, bool) {
 	if n == nil {
 		return "", false
 	}
-	return net.JoinHostPort(s.advertisedHost, strconv.Itoa(int(n.port))), true
+	return net.JoinHostPort(s.advertisedHostOf(nodeID), strconv.Itoa(int(n.port))), true
+}
+
+// advertisedHostOf is the host clients are told for nodeID: its SNI host
+// name, or advertised.host.
+func (s *Server) advertisedHostOf(nodeID int32) string {
+	if s.sni != nil {
+		return s.sni.brokerHost(nodeID)
+	}
+	return s.advertisedHost
 }
 
 func (s *Server) upstreamFor(nodeID int32) string {
@@ -386,7 +431,9 @@ func (s *Server) acceptLoop(ln net.Listener, nodeID int32) {
 			continue
 		}
 		delay = 0
-		s.m.connsTotal.WithLabelValues(kind).Inc()
+		if nodeID != nodeSNI { // counted once routed (routeSNI)
+			s.m.connsTotal.WithLabelValues(kind).Inc()
+		}
 		ip := remoteIP(c)
 		s.mu.Lock()
 		if s.closing {
@@ -422,6 +469,10 @@ func (s *Server) dialUpstream(ctx context.Context, nodeID int32) (net.Conn, erro
 	var addrs []string
 	if nodeID >= 0 {
 		a := s.upstreamFor(nodeID)
+		if a == "" && s.sni != nil {
+			s.rediscover(ctx, nodeID)
+			a = s.upstreamFor(nodeID)
+		}
 		if a == "" {
 			return nil, fmt.Errorf("no known endpoint for broker %d", nodeID)
 		}
@@ -476,7 +527,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.bootstrap.Close()
 	}
 	for _, n := range s.nodes {
-		n.ln.Close()
+		if n.ln != nil {
+			n.ln.Close()
+		}
 	}
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -36,6 +37,8 @@ func (a *app) proxyCommand() *cobra.Command {
 and forwards every request to the upstream cluster. Responses that name brokers
 (Metadata, FindCoordinator, DescribeCluster, KIP-951 leader endpoints) are
 rewritten to the proxy's addresses; everything else passes through untouched.
+With sni.* in the config file, one TLS listener (--listen) serves the bootstrap
+and every broker instead, routed by the TLS server name (SNI) each client sends.
 
 Settings come from a YAML file (--config, keys in docs/PROXY.md), then from flags.
 SIGTERM or Ctrl-C stops accepting, answers the requests in flight (bounded by
@@ -135,7 +138,13 @@ shutdown.timeout.ms) and exits 0.`,
 				}
 				return err
 			}
-			fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s -> %v\n", s.Addr(), cfg.Upstream)
+			if cfg.SNI.Enabled() {
+				_, port, _ := net.SplitHostPort(s.Addr())
+				fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s (SNI routing on %s) -> %v\n",
+					net.JoinHostPort(cfg.SNI.BootstrapHost, port), s.Addr(), cfg.Upstream)
+			} else {
+				fmt.Fprintf(a.stdout, "ferry proxy: bootstrap %s -> %v\n", s.Addr(), cfg.Upstream)
+			}
 			if s.AdminAddr() != "" {
 				fmt.Fprintf(a.stdout, "ferry proxy: metrics http://%s/metrics\n", s.AdminAddr())
 			}
