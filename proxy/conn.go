@@ -90,6 +90,7 @@ type conn struct {
 	draining  atomic.Bool
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
+	wrote     atomic.Bool  // a response has been written to the client (resetUnanswered)
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
@@ -193,14 +194,16 @@ func (c *conn) serve() {
 
 // ensureUpstream dials the upstream broker on first use: a client that
 // sends nothing, or only requests the proxy answers itself, costs no
-// upstream connection.
+// upstream connection. An unreachable broker is dialled again for up to
+// upstream.connect.timeout.ms while the client's request waits (dialHeld);
+// then the client's connection is reset (resetUnanswered).
 func (c *conn) ensureUpstream() bool {
 	select {
 	case <-c.upReady:
 		return c.upErr == nil
 	default:
 	}
-	up, err := c.s.dialUpstream(c.ctx, c.nodeID)
+	up, err := c.dialHeld()
 	if err == nil {
 		c.upMu.Lock()
 		if c.closed() { // closed by Shutdown while dialing
@@ -214,7 +217,13 @@ func (c *conn) ensureUpstream() bool {
 	c.upErr = err
 	close(c.upReady)
 	if err != nil {
-		if !c.closed() {
+		switch {
+		case c.closed():
+		case errors.Is(err, errClientLeft):
+			c.log.Debug("client closed the connection while its request waited for the upstream broker")
+			c.close()
+		default:
+			c.resetUnanswered()
 			c.fail("upstream_dial", "cannot reach the upstream broker", err)
 		}
 		return false
@@ -510,6 +519,7 @@ func (f *inflight) drop() {
 
 func (c *conn) forwardError(err error) {
 	if !c.closed() {
+		c.resetUnanswered()
 		c.fail("upstream_io", "write to the upstream broker failed", err)
 	}
 }
@@ -694,6 +704,7 @@ func (c *conn) writeLoop() {
 				if !c.closed() {
 					c.s.m.errors.WithLabelValues("upstream_io").Inc()
 					c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
+					c.resetUnanswered()
 				}
 				return
 			case <-ready:
@@ -727,6 +738,7 @@ func (c *conn) writeLoop() {
 				watching = false
 				if err != nil {
 					if !c.closed() {
+						c.resetUnanswered()
 						c.fail("upstream_io", "read from the upstream broker failed", err)
 					}
 					return
@@ -746,6 +758,7 @@ func (c *conn) answer(f *inflight) bool {
 	head, err := c.ur.Peek(8)
 	if err != nil {
 		if !c.closed() {
+			c.resetUnanswered()
 			c.fail("upstream_io", "read from the upstream broker failed", err)
 		}
 		return false
@@ -891,6 +904,7 @@ func (c *conn) setWriteDeadline() {
 // answered accounts for a response written.
 func (c *conn) answered(f *inflight, n int64) {
 	f.drop()
+	c.wrote.Store(true)
 	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())
