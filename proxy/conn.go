@@ -214,6 +214,11 @@ func (c *conn) ensureUpstream() bool {
 		}
 		c.upMu.Unlock()
 	}
+	if err != nil && !errors.Is(err, errClientLeft) && !c.closed() {
+		// Before upReady closes: the writer, woken by it, closes the
+		// connection too, and the reset must come first.
+		c.resetUnanswered()
+	}
 	c.upErr = err
 	close(c.upReady)
 	if err != nil {
@@ -223,7 +228,6 @@ func (c *conn) ensureUpstream() bool {
 			c.log.Debug("client closed the connection while its request waited for the upstream broker")
 			c.close()
 		default:
-			c.resetUnanswered()
 			c.fail("upstream_dial", "cannot reach the upstream broker", err)
 		}
 		return false
