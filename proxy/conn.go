@@ -90,7 +90,7 @@ type conn struct {
 	draining  atomic.Bool
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
-	wrote     atomic.Bool  // a response has been written to the client (resetUnanswered)
+	served    atomic.Bool  // a response other than ApiVersions or SASL has been written (abortive)
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
@@ -166,6 +166,7 @@ func (c *conn) serve() {
 	defer c.recoverPanic()
 	c.s.m.connsActive.Inc()
 	defer c.s.m.connsActive.Dec()
+	c.abortive(true)
 
 	if tc, ok := c.client.(interface {
 		HandshakeContext(context.Context) error
@@ -908,7 +909,10 @@ func (c *conn) setWriteDeadline() {
 // answered accounts for a response written.
 func (c *conn) answered(f *inflight, n int64) {
 	f.drop()
-	c.wrote.Store(true)
+	if !c.served.Load() && f.key != apiVersionsKey && f.key != keySASLHandshake && f.key != keySASLAuthenticate {
+		c.served.Store(true)
+		c.abortive(false)
+	}
 	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())

@@ -100,21 +100,44 @@ func (c *conn) waitClient(d time.Duration) bool {
 	return err == nil || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// resetUnanswered makes the close that follows an abortive one (TCP RST)
-// when the client has had no response on this connection yet. A client
-// whose connection ends with a plain close (FIN) before its first answer
-// takes it for a broker that wants TLS or SASL (franz-go's ErrFirstReadEOF
-// is not retriable); a reset is a network error that franz-go, the Java
-// client and librdkafka all retry. Once a response has been written, a
-// plain close is kept: a reset would drop response bytes not yet
-// acknowledged by the client.
+// abortive sets whether closing the client's connection resets it (TCP
+// RST: SO_LINGER 0) rather than closing it (FIN). A connection starts
+// abortive and stops being so once the client has had an answer to a
+// request other than ApiVersions or SASL (answered).
+//
+// Why: franz-go takes a plain close before that first answer for a broker
+// that wants TLS or SASL (ErrFirstReadEOF: "is TLS missing?", "is SASL
+// missing?") and does not retry it: it fails the records it had buffered.
+// A reset is a network error that franz-go, the Java client and
+// librdkafka all retry. Set on the socket itself, it holds even when the
+// proxy process is killed (the kernel resets the sockets it closes). Once
+// the client has been served, a plain close is kept (a reset would also
+// drop response bytes the client has not acknowledged yet).
+func (c *conn) abortive(on bool) {
+	nc := c.client
+	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = tc.NetConn()
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		sec := -1 // the system's default: a plain close
+		if on {
+			sec = 0
+		}
+		_ = tc.SetLinger(sec)
+	}
+}
+
+// resetUnanswered closes the client's connection with a reset when it is
+// still abortive (see abortive), before the close that follows: on TLS the
+// reset also comes without a close_notify alert, which a client would read
+// as a clean end.
 func (c *conn) resetUnanswered() {
-	if c.wrote.Load() {
+	if c.served.Load() {
 		return
 	}
 	nc := c.client
 	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
-		nc = tc.NetConn() // TLS: no close_notify (read as a clean EOF) before the reset
+		nc = tc.NetConn()
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
