@@ -11,7 +11,7 @@ package integration
 // dangling references (a reference record whose object is gone), 0 corrupt
 // values.
 //
-// FERRY_SOAK_RESTARTS sets the run's length (default 75s: one broker
+// FERRY_SOAK_RESTARTS sets the run's length (default 60s: one broker
 // restart and one proxy kill); scripts/soak restarts DURATION runs it long,
 // with a restart of one or the other every 80 s or so.
 
@@ -73,7 +73,7 @@ func freePort(t *testing.T) int {
 
 func TestSoakRestarts(t *testing.T) {
 	brokers(t)
-	dur := 75 * time.Second
+	dur := 60 * time.Second
 	if s := os.Getenv("FERRY_SOAK_RESTARTS"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d < 30*time.Second {
