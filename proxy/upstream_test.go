@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -246,5 +248,67 @@ upstream.reconnect.backoff.max.ms: 2000
 	}
 	if _, err := New(Config{Upstream: []string{"k:9092"}, Listen: "127.0.0.1:0", ReconnectBackoff: -time.Millisecond}); err == nil {
 		t.Fatal("a negative upstream.reconnect.backoff.ms was accepted")
+	}
+}
+
+// rawRequest writes req (non-flexible header, client id "t") on conn and
+// reads its response frame.
+func rawRequest(t *testing.T, conn net.Conn, req kmsg.Request, corr int32) {
+	t.Helper()
+	frame := make([]byte, 4, 64)
+	frame = binary.BigEndian.AppendUint16(frame, uint16(req.Key()))
+	frame = binary.BigEndian.AppendUint16(frame, uint16(req.GetVersion()))
+	frame = binary.BigEndian.AppendUint32(frame, uint32(corr))
+	frame = append(frame, 0, 1, 't')
+	frame = req.AppendTo(frame)
+	binary.BigEndian.PutUint32(frame, uint32(len(frame)-4))
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := ReadFrame(bufio.NewReader(conn), 1<<20); err != nil {
+		t.Fatalf("%s: %v", kmsg.NameForKey(req.Key()), err)
+	}
+}
+
+// A connection closed before the client was served (only ApiVersions
+// answered) is reset, also on shutdown, so that franz-go does not take the
+// close for missing TLS or SASL; once served, the close is plain.
+func TestCloseAbortiveUntilServed(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := startHeldProxy(t, Config{Upstream: c.ListenAddrs()})
+	fresh, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	served, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer served.Close()
+	api := kmsg.NewPtrApiVersionsRequest()
+	api.Version = 0
+	rawRequest(t, fresh, api, 1)
+	rawRequest(t, served, api, 1)
+	meta := kmsg.NewPtrMetadataRequest()
+	meta.Version = 1
+	rawRequest(t, served, meta, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = fresh.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fresh.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a connection answered only ApiVersions, at shutdown: %v, want a reset", err)
+	}
+	_ = served.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := served.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("a served connection, at shutdown: %v, want a plain close (EOF)", err)
 	}
 }
