@@ -575,6 +575,8 @@ func (c *conn) readError(err error) {
 		// answers what is in flight (a half-closed client reads it, as it
 		// would from the broker), then closes once the queue is done.
 		c.log.Debug("client closed the connection")
+		c.served.Store(true) // the client ended it: what is owed goes out, then a plain close
+		c.abortive(false)
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrNegativeSize):
 		c.fail("frame_too_large", "request size prefix over socket.request.max.bytes", err)
 	case errors.Is(err, io.ErrUnexpectedEOF):

@@ -103,7 +103,8 @@ func (c *conn) waitClient(d time.Duration) bool {
 // abortive sets whether closing the client's connection resets it (TCP
 // RST: SO_LINGER 0) rather than closing it (FIN). A connection starts
 // abortive and stops being so once the client has had an answer to a
-// request other than ApiVersions or SASL (answered).
+// request other than ApiVersions or SASL (answered), or has closed its
+// side (readError: what it is owed goes out before a plain close).
 //
 // Why: franz-go takes a plain close before that first answer for a broker
 // that wants TLS or SASL (ErrFirstReadEOF: "is TLS missing?", "is SASL
