@@ -243,6 +243,8 @@ interceptors:
 	start := time.Now()
 	brokerRestarts, proxyKills := 0, 0
 	for i := range n {
+		// A restart takes its time (a broker's is 20-50 s on a loaded
+		// machine): the next event comes at its turn, or 5 s after.
 		time.Sleep(time.Until(start.Add(dur * time.Duration(i+1) / time.Duration(n+1))))
 		if i%2 == 0 {
 			t0 := time.Now()
@@ -266,6 +268,11 @@ interceptors:
 			proxyKills++
 			t.Logf("%s: proxy killed and started again", time.Since(start).Round(time.Second))
 		}
+		time.Sleep(5 * time.Second)
+	}
+	// The clients go on for a while after the last restart too.
+	if last := time.Now().Add(10 * time.Second); last.After(end) {
+		end = last
 	}
 	time.Sleep(time.Until(end))
 	close(stopProducers)
