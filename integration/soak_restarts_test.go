@@ -333,7 +333,7 @@ interceptors:
 
 	t.Logf("soak %s through the proxy: %d broker restarts, %d proxy kills; %d records sent, %d acknowledged (%d large), "+
 		"failed %d, missing %d, duplicates %d, dangling references %d (of %d), corrupt %d; consumer re-reads at one offset %d, fetch errors %d",
-		dur, brokerRestarts, proxyKills, sent.Load(), len(want), largeAcked.Load(),
+		end.Sub(start).Round(time.Second), brokerRestarts, proxyKills, sent.Load(), len(want), largeAcked.Load(),
 		failed.Load(), len(miss), dups, dangling, refs, len(corrupt), rereads, fetchErrs.Load())
 	if failed.Load() != 0 || len(firstErrs) > 0 {
 		t.Errorf("%d records failed: %v", failed.Load(), firstErrs)
