@@ -51,6 +51,22 @@ type Config struct {
 	// DialTimeout bounds an upstream connect and each TLS handshake
 	// (`dial.timeout.ms`, default 10000).
 	DialTimeout time.Duration
+	// ConnectTimeout bounds, in total, how long a client connection waits
+	// for its upstream broker (`upstream.connect.timeout.ms`, default
+	// 30000, Kafka's request.timeout.ms): while the broker cannot be
+	// reached (restarting, failing over), the proxy holds the client's
+	// first request and dials again with backoff instead of closing the
+	// connection, so clients see a slow answer, not an error. Past the
+	// bound the connection is reset (TCP RST): every client takes that as
+	// a retriable network error. A client that closes its side meanwhile
+	// stops the dialling. Negative (-1): one attempt only.
+	ConnectTimeout time.Duration
+	// ReconnectBackoff and ReconnectBackoffMax are the wait between two
+	// dials of one held connection (`upstream.reconnect.backoff.ms`,
+	// default 50; `upstream.reconnect.backoff.max.ms`, default 1000):
+	// doubled after each failure up to the max, with ±20% jitter, as
+	// Kafka's reconnect.backoff.ms and reconnect.backoff.max.ms.
+	ReconnectBackoff, ReconnectBackoffMax time.Duration
 	// IdleTimeout closes a client connection with nothing in flight and no
 	// frame read or written for that long (`connections.max.idle.ms`,
 	// default 600000 as in Kafka; a partial frame does not count as
@@ -163,6 +179,15 @@ const (
 // DefaultShutdownTimeout bounds the drain on shutdown (shutdown.timeout.ms).
 const DefaultShutdownTimeout = 30 * time.Second
 
+// Defaults of the wait for an unreachable upstream broker
+// (upstream.connect.timeout.ms, upstream.reconnect.backoff.ms,
+// upstream.reconnect.backoff.max.ms).
+const (
+	DefaultConnectTimeout      = 30 * time.Second
+	DefaultReconnectBackoff    = 50 * time.Millisecond
+	DefaultReconnectBackoffMax = time.Second
+)
+
 // TLSConfig is one side's TLS settings; PEM files.
 type TLSConfig struct {
 	Enabled bool   // `enabled`
@@ -192,6 +217,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.ReconnectBackoff == 0 {
+		c.ReconnectBackoff = DefaultReconnectBackoff
+	}
+	if c.ReconnectBackoffMax == 0 {
+		c.ReconnectBackoffMax = max(DefaultReconnectBackoffMax, c.ReconnectBackoff)
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 10 * time.Minute
@@ -239,6 +273,13 @@ func (c *Config) Validate() error {
 	}
 	if c.DialTimeout < 0 || c.ShutdownTimeout < 0 {
 		return errors.New("dial.timeout.ms and shutdown.timeout.ms must not be negative")
+	}
+	if c.ReconnectBackoff < 0 || c.ReconnectBackoffMax < 0 {
+		return errors.New("upstream.reconnect.backoff.ms and upstream.reconnect.backoff.max.ms must not be negative")
+	}
+	if c.ReconnectBackoffMax != 0 && c.ReconnectBackoffMax < c.ReconnectBackoff {
+		return fmt.Errorf("upstream.reconnect.backoff.max.ms (%d) must be at least upstream.reconnect.backoff.ms (%d)",
+			c.ReconnectBackoffMax.Milliseconds(), c.ReconnectBackoff.Milliseconds())
 	}
 	if c.ClientTLS.Enabled && (c.ClientTLS.Cert == "" || c.ClientTLS.Key == "") {
 		return errors.New("tls.client: cert and key are required when enabled")
@@ -334,7 +375,8 @@ func (t TLSConfig) clientConfig() (*tls.Config, error) {
 // configKeys are the YAML keys LoadConfigFile accepts, flattened with ".".
 var configKeys = []string{
 	"upstream", "listen", "advertised.host", "broker.port.base", "socket.request.max.bytes",
-	"upstream.response.max.bytes", "dial.timeout.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "admin.listen",
+	"upstream.response.max.bytes", "dial.timeout.ms",
+	"upstream.connect.timeout.ms", "upstream.reconnect.backoff.ms", "upstream.reconnect.backoff.max.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "admin.listen",
 	"admin.pprof.enabled",
 	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
@@ -417,6 +459,13 @@ func LoadConfigFile(path string) (Config, error) {
 	c.MaxResponseBytes = int32(num("upstream.response.max.bytes", 1<<31-1))
 	c.DialTimeout = time.Duration(num("dial.timeout.ms", 1<<31-1)) * time.Millisecond
 	c.ShutdownTimeout = time.Duration(num("shutdown.timeout.ms", 1<<31-1)) * time.Millisecond
+	if s := str("upstream.connect.timeout.ms"); s == "-1" {
+		c.ConnectTimeout = -1
+	} else {
+		c.ConnectTimeout = time.Duration(num("upstream.connect.timeout.ms", 1<<31-1)) * time.Millisecond
+	}
+	c.ReconnectBackoff = time.Duration(num("upstream.reconnect.backoff.ms", 1<<31-1)) * time.Millisecond
+	c.ReconnectBackoffMax = time.Duration(num("upstream.reconnect.backoff.max.ms", 1<<31-1)) * time.Millisecond
 	if s := str("connections.max.idle.ms"); s == "-1" {
 		c.IdleTimeout = -1
 	} else {

@@ -90,6 +90,7 @@ type conn struct {
 	draining  atomic.Bool
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
+	served    atomic.Bool  // a response other than ApiVersions or SASL has been written (abortive)
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
@@ -165,6 +166,7 @@ func (c *conn) serve() {
 	defer c.recoverPanic()
 	c.s.m.connsActive.Inc()
 	defer c.s.m.connsActive.Dec()
+	c.abortive(true)
 
 	if tc, ok := c.client.(interface {
 		HandshakeContext(context.Context) error
@@ -200,14 +202,16 @@ func (c *conn) serve() {
 
 // ensureUpstream dials the upstream broker on first use: a client that
 // sends nothing, or only requests the proxy answers itself, costs no
-// upstream connection.
+// upstream connection. An unreachable broker is dialled again for up to
+// upstream.connect.timeout.ms while the client's request waits (dialHeld);
+// then the client's connection is reset (resetUnanswered).
 func (c *conn) ensureUpstream() bool {
 	select {
 	case <-c.upReady:
 		return c.upErr == nil
 	default:
 	}
-	up, err := c.s.dialUpstream(c.ctx, c.nodeID)
+	up, err := c.dialHeld()
 	if err == nil {
 		c.upMu.Lock()
 		if c.closed() { // closed by Shutdown while dialing
@@ -218,11 +222,21 @@ func (c *conn) ensureUpstream() bool {
 		}
 		c.upMu.Unlock()
 	}
+	if err != nil && !errors.Is(err, errClientLeft) && !c.closed() {
+		// Before upReady closes: the writer, woken by it, closes the
+		// connection too, and the reset must come first.
+		c.resetUnanswered()
+	}
 	c.upErr = err
 	if err != nil {
 		// Counted before upReady wakes the writer, which would close
 		// the connection first and leave the failure uncounted.
-		if !c.closed() {
+		switch {
+		case c.closed():
+		case errors.Is(err, errClientLeft):
+			c.log.Debug("client closed the connection while its request waited for the upstream broker")
+			c.close()
+		default:
 			c.fail("upstream_dial", "cannot reach the upstream broker", err)
 		}
 		close(c.upReady)
@@ -520,6 +534,7 @@ func (f *inflight) drop() {
 
 func (c *conn) forwardError(err error) {
 	if !c.closed() {
+		c.resetUnanswered()
 		c.fail("upstream_io", "write to the upstream broker failed", err)
 	}
 }
@@ -570,6 +585,8 @@ func (c *conn) readError(err error) {
 		// answers what is in flight (a half-closed client reads it, as it
 		// would from the broker), then closes once the queue is done.
 		c.log.Debug("client closed the connection")
+		c.served.Store(true) // the client ended it: what is owed goes out, then a plain close
+		c.abortive(false)
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrNegativeSize):
 		c.fail("frame_too_large", "request size prefix over socket.request.max.bytes", err)
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -704,6 +721,7 @@ func (c *conn) writeLoop() {
 				if !c.closed() {
 					c.s.m.errors.WithLabelValues("upstream_io").Inc()
 					c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
+					c.resetUnanswered()
 				}
 				return
 			case <-ready:
@@ -737,6 +755,7 @@ func (c *conn) writeLoop() {
 				watching = false
 				if err != nil {
 					if !c.closed() {
+						c.resetUnanswered()
 						c.fail("upstream_io", "read from the upstream broker failed", err)
 					}
 					return
@@ -756,6 +775,7 @@ func (c *conn) answer(f *inflight) bool {
 	head, err := c.ur.Peek(8)
 	if err != nil {
 		if !c.closed() {
+			c.resetUnanswered()
 			c.fail("upstream_io", "read from the upstream broker failed", err)
 		}
 		return false
@@ -901,6 +921,10 @@ func (c *conn) setWriteDeadline() {
 // answered accounts for a response written.
 func (c *conn) answered(f *inflight, n int64) {
 	f.drop()
+	if !c.served.Load() && f.key != apiVersionsKey && f.key != keySASLHandshake && f.key != keySASLAuthenticate {
+		c.served.Store(true)
+		c.abortive(false)
+	}
 	c.s.m.bytesOut.Add(float64(n))
 	now := time.Now()
 	c.active.Store(now.UnixNano())

@@ -474,7 +474,7 @@ func (s *Server) dialUpstream(ctx context.Context, nodeID int32) (net.Conn, erro
 			a = s.upstreamFor(nodeID)
 		}
 		if a == "" {
-			return nil, fmt.Errorf("no known endpoint for broker %d", nodeID)
+			return nil, fmt.Errorf("%w %d", errUnknownNode, nodeID)
 		}
 		addrs = []string{a}
 	} else {
