@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
 	"slices"
 	"sort"
 	"sync"
@@ -162,6 +163,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		if unnamed[ti] {
 			err := fmt.Errorf("the proxy cannot name topic id %x, so its records cannot be inspected by the interceptors; not forwarded", t.TopicID)
 			for _, p := range t.Partitions {
+				c.rejected("", observe.DirectionProduce, kerr.UnknownTopicID.Code)
 				out.Answered = append(out.Answered, ProducePartitionResult{TopicID: t.TopicID, Partition: p.Partition,
 					ErrorCode: kerr.UnknownTopicID.Code, ErrorMessage: err.Error(), Err: err})
 			}
@@ -175,6 +177,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		for pi, p := range t.Partitions {
 			r := results[ti][pi]
 			if r.f != nil {
+				c.rejected(names[ti], observe.DirectionProduce, r.f.code)
 				out.Answered = append(out.Answered, ProducePartitionResult{Topic: t.Topic, TopicID: t.TopicID,
 					Partition: p.Partition, ErrorCode: r.f.code, ErrorMessage: r.f.msg, RecordErrors: r.f.records, Err: r.f.err})
 				continue
