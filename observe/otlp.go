@@ -3,6 +3,7 @@ package observe
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -50,6 +51,10 @@ func SetupTracing(ctx context.Context, cfg TracingConfig) (trace.TracerProvider,
 	}
 	var opts []otlptracehttp.Option
 	if cfg.Endpoint != "" {
+		u, err := url.Parse(cfg.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, noop, fmt.Errorf("%s %q: want an http:// or https:// URL, e.g. http://collector:4318/v1/traces", KeyTracingEndpoint, cfg.Endpoint)
+		}
 		opts = append(opts, otlptracehttp.WithEndpointURL(cfg.Endpoint))
 	}
 	exp, err := otlptracehttp.New(ctx, opts...)
