@@ -7,7 +7,7 @@
 //
 // Nothing here registers globally: NewMetrics takes the caller's
 // prometheus.Registerer, and tracing uses the trace.TracerProvider passed
-// in (SetupTracing builds an OTLP one for the CLI and the proxy). A nil
+// in (otlp.SetupTracing, in package observe/otlp, builds an OTLP one for the proxy). A nil
 // *Metrics and a nil *Tracer do nothing, so library code calls them
 // unconditionally.
 package observe

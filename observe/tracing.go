@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -25,7 +25,7 @@ const (
 )
 
 // Span attributes of Ferry's own (the messaging.* ones follow the
-// OpenTelemetry messaging and Kafka semantic conventions v1.40.0).
+// OpenTelemetry messaging and Kafka semantic conventions v1.43.0).
 const (
 	AttrStoreOperation = attribute.Key("ferry.store.operation") // publish, download, ...
 	AttrStoreClass     = attribute.Key("ferry.store.class")     // payloadStoreClass

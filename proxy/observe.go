@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ferrykit/ferry/observe"
+	"github.com/ferrykit/ferry/observe/otlp"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -32,7 +33,7 @@ func newObservability(cfg Config, reg prometheus.Registerer) (*observability, er
 		if tc.ServiceName == "" {
 			tc.ServiceName = "ferry-proxy"
 		}
-		if tp, o.shutdown, err = observe.SetupTracing(context.Background(), tc); err != nil {
+		if tp, o.shutdown, err = otlp.SetupTracing(context.Background(), tc); err != nil {
 			return nil, err
 		}
 	}

@@ -1,4 +1,8 @@
-package observe
+// Package otlp builds the OpenTelemetry tracer provider of the proxy (and
+// of programs that want the same): OTLP over HTTP, batched. It is apart
+// from package observe so that the library links the OpenTelemetry API
+// only, not the SDK and exporter, unless a program asks for them.
+package otlp
 
 import (
 	"context"
@@ -9,42 +13,18 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ferrykit/ferry/observe"
 )
 
-// Configuration keys of tracing (the proxy's YAML file and the CLI's -X).
-const (
-	// KeyTracingEnabled turns tracing on (default false).
-	KeyTracingEnabled = "tracing.enabled"
-	// KeyTracingEndpoint is the OTLP/HTTP traces endpoint URL, e.g.
-	// "http://collector:4318/v1/traces" (default: the standard
-	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT,
-	// else http://localhost:4318/v1/traces).
-	KeyTracingEndpoint = "tracing.otlp.endpoint"
-	// KeyMetricsMaxTopics is MetricsOptions.MaxTopics.
-	KeyMetricsMaxTopics = "metrics.topics.max"
-)
-
-// TracingConfig configures SetupTracing.
-type TracingConfig struct {
-	// Enabled turns tracing on (tracing.enabled, default false).
-	Enabled bool
-	// Endpoint is the OTLP/HTTP traces URL (tracing.otlp.endpoint); ""
-	// leaves it to the standard OTEL_EXPORTER_OTLP_* environment
-	// variables, which also set headers, TLS, compression and timeout.
-	Endpoint string
-	// ServiceName is the service.name resource attribute, unless
-	// OTEL_SERVICE_NAME sets it.
-	ServiceName string
-}
-
-// SetupTracing returns a tracer provider exporting to an OTLP/HTTP
+// SetupTracing returns, for cfg (tracing.enabled, tracing.otlp.endpoint), a tracer provider exporting to an OTLP/HTTP
 // receiver in batches, and its shutdown (which flushes what is left; call it
 // before the process exits), or a nil provider and a no-op shutdown when
 // cfg.Enabled is false. The sampler follows OTEL_TRACES_SAMPLER (default:
 // parent-based, always on). Errors: an endpoint that is not a URL.
-func SetupTracing(ctx context.Context, cfg TracingConfig) (trace.TracerProvider, func(context.Context) error, error) {
+func SetupTracing(ctx context.Context, cfg observe.TracingConfig) (trace.TracerProvider, func(context.Context) error, error) {
 	noop := func(context.Context) error { return nil }
 	if !cfg.Enabled {
 		return nil, noop, nil
@@ -53,13 +33,13 @@ func SetupTracing(ctx context.Context, cfg TracingConfig) (trace.TracerProvider,
 	if cfg.Endpoint != "" {
 		u, err := url.Parse(cfg.Endpoint)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, noop, fmt.Errorf("%s %q: want an http:// or https:// URL, e.g. http://collector:4318/v1/traces", KeyTracingEndpoint, cfg.Endpoint)
+			return nil, noop, fmt.Errorf("%s %q: want an http:// or https:// URL, e.g. http://collector:4318/v1/traces", observe.KeyTracingEndpoint, cfg.Endpoint)
 		}
 		opts = append(opts, otlptracehttp.WithEndpointURL(cfg.Endpoint))
 	}
 	exp, err := otlptracehttp.New(ctx, opts...)
 	if err != nil {
-		return nil, noop, fmt.Errorf("%s %q: %w", KeyTracingEndpoint, cfg.Endpoint, err)
+		return nil, noop, fmt.Errorf("%s %q: %w", observe.KeyTracingEndpoint, cfg.Endpoint, err)
 	}
 	name := cfg.ServiceName
 	if name == "" {
