@@ -291,7 +291,10 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 
 // call makes one timed interceptor call. The budget is enforced by run's
 // watcher, which cancels ctx when the call runs over: no timer per call.
-func (c *Chain) call(ctx context.Context, w *watch, p proc, index int, r *Record) error {
+// p must stay valid while the watcher may read its name (procs live in
+// the partition's slice: passing a pointer keeps a call free of
+// allocations).
+func (c *Chain) call(ctx context.Context, w *watch, p *proc, index int, r *Record) error {
 	w.name.Store(&p.name)
 	w.index.Store(int64(index))
 	start := time.Now()

@@ -437,7 +437,8 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			break
 		}
 		skip := false
-		for _, p := range fp.ps {
+		for j := range fp.ps {
+			p := &fp.ps[j]
 			err := c.call(ctx, w, p, i, &r)
 			if err == nil {
 				continue

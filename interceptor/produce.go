@@ -344,7 +344,7 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 			kr := &bw.d.recs[i]
 			r := toRecord(topic, partition, &bw.d.hdr, bw.info, kr, i, false)
 			for _, d := range bw.deferred[i] {
-				err := c.call(ctx, w, proc{name: d.name, call: d.d.Commit}, i, &r)
+				err := c.call(ctx, w, &proc{name: d.name, call: d.d.Commit}, i, &r)
 				if err != nil {
 					// A Commit that ended well after its context did
 					// is a failure too: its work is undone with the rest.
@@ -414,7 +414,8 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 		r := toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
 		r.led = led
 		skip := false
-		for _, p := range ps {
+		for j := range ps {
+			p := &ps[j]
 			err := c.call(ctx, w, p, i, &r)
 			if err == nil {
 				continue
@@ -532,7 +533,7 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 				if n, ok := s.(interface{ Name() string }); ok {
 					name = n.Name()
 				}
-				err := c.call(ctx, w, proc{name: name, call: func(ctx context.Context, r *Record) error {
+				err := c.call(ctx, w, &proc{name: name, call: func(ctx context.Context, r *Record) error {
 					var err error
 					did, err = s.Shrink(ctx, r)
 					return err
