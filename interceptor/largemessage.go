@@ -7,6 +7,7 @@ import (
 	"github.com/ferrykit/ferry/observe"
 	"go.opentelemetry.io/otel/trace"
 	"regexp"
+	"sync/atomic"
 
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -195,7 +196,7 @@ type deferredPlan struct {
 	tr   *observe.Tracer
 	ctx  context.Context
 	span trace.Span
-	done bool
+	done atomic.Bool // span ended (Abort may follow Commit)
 }
 
 func (d *deferredPlan) Commit(ctx context.Context, r *Record) error {
@@ -225,10 +226,9 @@ func (d *deferredPlan) Abort(ctx context.Context) {
 var errAborted = errors.New("offload undone: the batch was refused")
 
 func (d *deferredPlan) end(err error) {
-	if d.span == nil || d.done {
+	if d.span == nil || !d.done.CompareAndSwap(false, true) {
 		return
 	}
-	d.done = true
 	observe.EndSend(d.span, -1, -1, err)
 }
 
