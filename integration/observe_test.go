@@ -234,6 +234,7 @@ func TestObserveProxy(t *testing.T) {
 	}
 	sendByID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
 	childOfClient := 0
+	var underClient sdktrace.ReadOnlySpan
 	for _, s := range sends {
 		sendByID[s.SpanContext().SpanID()] = s
 		if s.SpanKind() != trace.SpanKindProducer {
@@ -247,6 +248,7 @@ func TestObserveProxy(t *testing.T) {
 		}
 		if s.Parent().SpanID() == clientSpan.SpanContext().SpanID() {
 			childOfClient++
+			underClient = s
 			if s.SpanContext().TraceID() != clientSpan.SpanContext().TraceID() {
 				t.Errorf("the send span under the client's is in trace %s, not the client's %s", s.SpanContext().TraceID(), clientSpan.SpanContext().TraceID())
 			}
@@ -308,6 +310,19 @@ func TestObserveProxy(t *testing.T) {
 			t.Errorf("download span: parent %s is no receive span", d.Parent().SpanID())
 		}
 	}
+	// A third-party consumer through the proxy sees the header too: the
+	// first record's traceparent names the client's trace and the
+	// proxy's send span.
+	t.Run("kcat", func(t *testing.T) {
+		if underClient == nil {
+			t.Fatal("no send span under the client's (above)")
+		}
+		out := runClient(t, nil, kcatPath(t), "-C", "-b", via, "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%k|%h\n")
+		want := fmt.Sprintf("big-0|traceparent=00-%s-%s-01", clientSpan.SpanContext().TraceID(), underClient.SpanContext().SpanID())
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("kcat output %q lacks %q", out, want)
+		}
+	})
 	t.Logf("metrics and %d spans checked (%d send, %d publish, %d receive, %d download)", len(spans), len(sends), len(publishes), len(receives), len(downloads))
 }
 
