@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ func ParseTimeout(config map[string]string) (time.Duration, error) {
 // Build builds the interceptors of specs, in order, into a chain. On error
 // the instances already built are closed. Close the chain when done.
 func Build(ctx context.Context, specs []Spec, o Options) (*Chain, error) {
+	ctx = context.WithValue(ctx, observeKey{}, observed{o.Metrics, o.Tracer})
 	var ins []Instance
 	for i, s := range specs {
 		in, err := New(ctx, s.Name, s.Config)
@@ -60,4 +62,20 @@ func closeAll(ins []Instance) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// observeKey carries Options.Metrics and Options.Tracer to the built-in
+// factories Build calls.
+type observeKey struct{}
+
+type observed struct {
+	m  *observe.Metrics
+	tr *observe.Tracer
+}
+
+// observedFrom returns the metrics and tracer Build was given (nil, nil
+// outside Build).
+func observedFrom(ctx context.Context) (*observe.Metrics, *observe.Tracer) {
+	o, _ := ctx.Value(observeKey{}).(observed)
+	return o.m, o.tr
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
+	"github.com/prometheus/client_golang/prometheus"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -39,6 +41,13 @@ type Options struct {
 	// (interceptor.batch.decompressed.max.bytes, default 100 MiB;
 	// interceptor.request.decompressed.max.bytes, default 200 MiB).
 	BatchDecompressedMax, RequestDecompressedMax int64
+	// Metrics counts each interceptor call's time and the partitions
+	// refused or failed, by reason (observe.Metrics); Build also hands it
+	// to the built-ins, whose payload store it then counts. nil: none.
+	Metrics *observe.Metrics
+	// Tracer traces the records large-message offloads and resolves (see
+	// docs/OPERATIONS.md); Build hands it to the built-ins. nil: off.
+	Tracer *observe.Tracer
 }
 
 // Chain runs interceptors in their configured order. It is safe for
@@ -53,6 +62,10 @@ type Chain struct {
 	batchMax, requestMax int64
 	// instances are closed by Close (set by Build).
 	instances []Instance
+	// m counts calls and rejections (nil: not counted); produceObs and
+	// fetchObs are the call-time histograms of produce[i] and fetch[i].
+	m                    *observe.Metrics
+	produceObs, fetchObs []prometheus.Observer
 }
 
 // Timeout returns the time budget of one interceptor call, which also
@@ -87,7 +100,31 @@ func NewChain(instances []Instance, o Options) *Chain {
 		}
 	}
 	slices.Reverse(c.fetch)
+	c.m = o.Metrics
+	if c.m != nil {
+		for _, ic := range c.produce {
+			c.produceObs = append(c.produceObs, c.m.InterceptorObserver(ic.Name(), observe.DirectionProduce))
+		}
+		for _, ic := range c.fetch {
+			c.fetchObs = append(c.fetchObs, c.m.InterceptorObserver(ic.Name(), observe.DirectionFetch))
+		}
+	}
 	return c
+}
+
+// rejected counts a partition failed with code (0: every record skipped).
+func (c *Chain) rejected(topic, direction string, code int16) {
+	if c.m == nil {
+		return
+	}
+	reason := "ALL_RECORDS_SKIPPED"
+	if ke, ok := kerr.ErrorForCode(code).(*kerr.Error); ok {
+		reason = ke.Message
+	}
+	if topic == "" {
+		topic = observe.OtherTopic
+	}
+	c.m.Rejected(topic, direction, reason)
 }
 
 // HasProduce and HasFetch report whether the chain has interceptors of that
@@ -99,6 +136,14 @@ func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
 type proc struct {
 	name string
 	call func(context.Context, *Record) error
+	obs  prometheus.Observer // the call-time histogram; nil: not timed
+}
+
+func (c *Chain) obsOf(obs []prometheus.Observer, i int) prometheus.Observer {
+	if i < len(obs) {
+		return obs[i]
+	}
+	return nil
 }
 
 func (c *Chain) topicName(name string, id [16]byte) (string, bool) {
@@ -121,9 +166,9 @@ func (c *Chain) newBounds() *bounds { return &bounds{batchMax: c.batchMax, reque
 func (c *Chain) ledger(b *bounds) *ledger { return &ledger{mem: c.mem, req: b, wait: c.timeout} }
 
 func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker) {
-	for _, ic := range c.produce {
+	for i, ic := range c.produce {
 		if ic.TopicPattern().MatchString(topic) {
-			ps = append(ps, proc{ic.Name(), ic.ProcessRecord})
+			ps = append(ps, proc{ic.Name(), ic.ProcessRecord, c.obsOf(c.produceObs, i)})
 			if s, ok := ic.(BatchShrinker); ok {
 				shrinkers = append(shrinkers, s)
 			}
@@ -133,9 +178,9 @@ func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker
 }
 
 func (c *Chain) fetchProcs(topic string) (ps []proc, sizers []FetchSizer) {
-	for _, ic := range c.fetch {
+	for i, ic := range c.fetch {
 		if ic.TopicPattern().MatchString(topic) {
-			ps = append(ps, proc{ic.Name(), ic.ProcessRecord})
+			ps = append(ps, proc{ic.Name(), ic.ProcessRecord, c.obsOf(c.fetchObs, i)})
 			if s, ok := ic.(FetchSizer); ok {
 				sizers = append(sizers, s)
 			}
@@ -246,12 +291,19 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 
 // call makes one timed interceptor call. The budget is enforced by run's
 // watcher, which cancels ctx when the call runs over: no timer per call.
-func (c *Chain) call(ctx context.Context, w *watch, p proc, index int, r *Record) error {
+// p must stay valid while the watcher may read its name (procs live in
+// the partition's slice: passing a pointer keeps a call free of
+// allocations).
+func (c *Chain) call(ctx context.Context, w *watch, p *proc, index int, r *Record) error {
 	w.name.Store(&p.name)
 	w.index.Store(int64(index))
-	w.start.Store(time.Now().UnixNano())
+	start := time.Now()
+	w.start.Store(start.UnixNano())
 	n := len(r.deferred)
 	err := p.call(ctx, r)
+	if p.obs != nil {
+		p.obs.Observe(time.Since(start).Seconds())
+	}
 	for i := n; i < len(r.deferred); i++ {
 		r.deferred[i].name = p.name
 	}

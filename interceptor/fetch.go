@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
 	"slices"
 	"sort"
 
@@ -178,6 +179,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				return r, nil
 			})
 			if f != nil {
+				c.rejected(name, observe.DirectionFetch, f.code)
 				p.ErrorCode = kerr.KafkaStorageError.Code
 				p.RecordBatches = []byte{} // empty, not null: librdkafka cannot parse a null record set (size -1)
 				out.Failed = append(out.Failed, FetchPartitionResult{Topic: t.Topic, TopicID: t.TopicID, Partition: p.Partition,
@@ -187,6 +189,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 			r := v.(fetchResult)
 			out.led.adopt(led)
 			if r.err != nil {
+				c.rejected(name, observe.DirectionFetch, r.code)
 				fr := FetchPartitionResult{Topic: t.Topic, TopicID: t.TopicID, Partition: p.Partition,
 					Err: fmt.Errorf("topic %s partition %d: %w", name, p.Partition, r.err)}
 				if len(r.out) == 0 {
@@ -434,7 +437,8 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			break
 		}
 		skip := false
-		for _, p := range fp.ps {
+		for j := range fp.ps {
+			p := &fp.ps[j]
 			err := c.call(ctx, w, p, i, &r)
 			if err == nil {
 				continue

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
+	"go.opentelemetry.io/otel/trace"
 	"regexp"
+	"sync/atomic"
 
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -37,6 +40,18 @@ type LargeMessage struct {
 	sers      map[string]*largemessage.Serializer
 	de        *largemessage.Deserializer
 	store     payloadstore.PayloadStore
+	tr        *observe.Tracer // nil: not traced
+}
+
+// WithTracer traces the records l offloads ("send <topic>", kind producer,
+// parent: the record's own traceparent when a client set one; the
+// reference record then carries the span's traceparent) and resolves
+// ("receive <topic>", kind consumer, linked to the producer's span), with
+// the store's publish and download as child spans when the store is
+// wrapped by observe.Store with the same tracer. It returns l.
+func (l *LargeMessage) WithTracer(t *observe.Tracer) *LargeMessage {
+	l.tr = t
+	return l
 }
 
 // NewLargeMessage returns the interceptor over store (normally from
@@ -77,7 +92,9 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 	if err != nil {
 		return Instance{}, err
 	}
-	l := NewLargeMessage(store, cfg, re)
+	m, tr := observedFrom(ctx)
+	store = observe.Store(store, m, tr)
+	l := NewLargeMessage(store, cfg, re).WithTracer(tr)
 	in := Instance{Close: store.Close}
 	if p {
 		in.Produce = l
@@ -156,27 +173,64 @@ func (l *LargeMessage) plan(r *Record, plan func(*largemessage.Serializer, *kgo.
 	}
 	r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
 	if p != nil {
-		r.Defer(deferredPlan{p})
+		d := &deferredPlan{p: p}
+		if l.tr != nil {
+			// Only offloaded records are traced (their batch is rewritten
+			// anyway): the span's context goes into the reference
+			// record's traceparent header, after the plan's sizing (a
+			// reference is far below any limit; the chain measures the
+			// batch again).
+			d.tr = l.tr
+			d.ctx, d.span = l.tr.StartSend(context.Background(), r.Topic, r.Partition, r.Headers)
+			l.tr.Inject(d.ctx, &r.Headers)
+		}
+		r.Defer(d)
 	}
 	return nil
 }
 
-// deferredPlan publishes a planned offload once the batch fits.
-type deferredPlan struct{ p *largemessage.Plan }
+// deferredPlan publishes a planned offload once the batch fits; span
+// (with its context ctx) is the record's "send" span when traced.
+type deferredPlan struct {
+	p    *largemessage.Plan
+	tr   *observe.Tracer
+	ctx  context.Context
+	span trace.Span
+	done atomic.Bool // span ended (Abort may follow Commit)
+}
 
-func (d deferredPlan) Commit(ctx context.Context, r *Record) error {
+func (d *deferredPlan) Commit(ctx context.Context, r *Record) error {
+	if d.span != nil {
+		ctx = trace.ContextWithSpan(ctx, d.span)
+	}
 	changed, err := d.p.Commit(ctx)
 	if err != nil {
+		d.end(err)
 		return storeErr(err)
 	}
 	if changed {
 		kr := d.p.Record()
 		r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
+		d.tr.Inject(d.ctx, &r.Headers)
 	}
+	d.end(nil)
 	return nil
 }
 
-func (d deferredPlan) Abort(ctx context.Context) { d.p.Abort(ctx) }
+func (d *deferredPlan) Abort(ctx context.Context) {
+	d.p.Abort(ctx)
+	d.end(errAborted)
+}
+
+// errAborted ends the span of an offload undone.
+var errAborted = errors.New("offload undone: the batch was refused")
+
+func (d *deferredPlan) end(err error) {
+	if d.span == nil || !d.done.CompareAndSwap(false, true) {
+		return
+	}
+	observe.EndSend(d.span, -1, -1, err)
+}
 
 // fetchSide is the fetch-time half.
 type fetchSide struct{ l *LargeMessage }
@@ -201,7 +255,7 @@ func (f fetchSide) GrowsBy(r *Record) (int64, bool) {
 // value and the record passes; other errors (store down, corrupt reference,
 // another topic's object, digest mismatch) fail the partition's fetch with
 // KAFKA_STORAGE_ERROR.
-func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
+func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) (err error) {
 	// Most records carry no reference: decided on their headers alone,
 	// before the record is copied (a copy that escapes costs an allocation
 	// per record).
@@ -229,7 +283,12 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) error {
 		return err
 	}
 	kr.Offset = r.Offset
-	err := f.l.de.ResolveBounded(ctx, &kr, n)
+	if f.l.tr != nil {
+		var span trace.Span
+		ctx, span = f.l.tr.StartReceive(ctx, "receive", r.Topic, r.Partition, r.Offset, r.Headers)
+		defer func() { observe.End(span, err) }()
+	}
+	err = f.l.de.ResolveBounded(ctx, &kr, n)
 	var re *largemessage.RecordError
 	if err != nil && !(errors.As(err, &re) && re.Skipped) {
 		return err

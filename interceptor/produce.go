@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
 	"slices"
 	"sort"
 	"sync"
@@ -162,6 +163,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		if unnamed[ti] {
 			err := fmt.Errorf("the proxy cannot name topic id %x, so its records cannot be inspected by the interceptors; not forwarded", t.TopicID)
 			for _, p := range t.Partitions {
+				c.rejected("", observe.DirectionProduce, kerr.UnknownTopicID.Code)
 				out.Answered = append(out.Answered, ProducePartitionResult{TopicID: t.TopicID, Partition: p.Partition,
 					ErrorCode: kerr.UnknownTopicID.Code, ErrorMessage: err.Error(), Err: err})
 			}
@@ -175,6 +177,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		for pi, p := range t.Partitions {
 			r := results[ti][pi]
 			if r.f != nil {
+				c.rejected(names[ti], observe.DirectionProduce, r.f.code)
 				out.Answered = append(out.Answered, ProducePartitionResult{Topic: t.Topic, TopicID: t.TopicID,
 					Partition: p.Partition, ErrorCode: r.f.code, ErrorMessage: r.f.msg, RecordErrors: r.f.records, Err: r.f.err})
 				continue
@@ -341,7 +344,7 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 			kr := &bw.d.recs[i]
 			r := toRecord(topic, partition, &bw.d.hdr, bw.info, kr, i, false)
 			for _, d := range bw.deferred[i] {
-				err := c.call(ctx, w, proc{name: d.name, call: d.d.Commit}, i, &r)
+				err := c.call(ctx, w, &proc{name: d.name, call: d.d.Commit}, i, &r)
 				if err != nil {
 					// A Commit that ended well after its context did
 					// is a failure too: its work is undone with the rest.
@@ -411,7 +414,8 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 		r := toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
 		r.led = led
 		skip := false
-		for _, p := range ps {
+		for j := range ps {
+			p := &ps[j]
 			err := c.call(ctx, w, p, i, &r)
 			if err == nil {
 				continue
@@ -529,7 +533,7 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 				if n, ok := s.(interface{ Name() string }); ok {
 					name = n.Name()
 				}
-				err := c.call(ctx, w, proc{name: name, call: func(ctx context.Context, r *Record) error {
+				err := c.call(ctx, w, &proc{name: name, call: func(ctx context.Context, r *Record) error {
 					var err error
 					did, err = s.Shrink(ctx, r)
 					return err

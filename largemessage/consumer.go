@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
 
 	"github.com/ferrykit/ferry/serde"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -16,6 +17,18 @@ type Consumer struct {
 	cl             *kgo.Client
 	de             *Deserializer
 	keyDe, valueDe *serde.Chain
+	tr             *observe.Tracer // nil: not traced
+}
+
+// WithTracer traces the resolution of each record that carries a
+// reference or a trace context (a "process <topic>" span, kind consumer,
+// with Kafka's messaging attributes, linked to the producer's span named
+// by the record's traceparent header); with a store wrapped by
+// observe.Store with the same tracer, the object's download is a child
+// span. nil turns tracing off. It returns c.
+func (c *Consumer) WithTracer(t *observe.Tracer) *Consumer {
+	c.tr = t
+	return c
 }
 
 // NewConsumer returns a Consumer over cl that resolves references with de.
@@ -80,6 +93,13 @@ func (c *Consumer) PollRecords(ctx context.Context, max int) ([]Record, error) {
 func (c *Consumer) Resolve(ctx context.Context, recs []*kgo.Record) []Record {
 	out := make([]Record, len(recs))
 	for i, r := range recs {
+		if c.tr != nil && (IsOffloaded(r) || IsKeyOffloaded(r) || c.tr.Extract(r.Headers).IsValid()) {
+			sctx, span := c.tr.StartReceive(ctx, "process", r.Topic, r.Partition, r.Offset, r.Headers)
+			err := c.de.Resolve(sctx, r)
+			observe.End(span, err)
+			out[i] = Record{Record: r, Err: err}
+			continue
+		}
 		out[i] = Record{Record: r, Err: c.de.Resolve(ctx, r)}
 	}
 	return out

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ferrykit/ferry/observe"
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"math"
 	"slices"
@@ -50,6 +52,19 @@ type Producer struct {
 
 	gates    sync.Map             // topic → *gate
 	lastGate atomic.Pointer[gate] // the gate of the last record's topic
+
+	tr *observe.Tracer // nil: not traced
+}
+
+// WithTracer traces each record Produce sends (a "send <topic>" span, kind
+// producer, with Kafka's messaging attributes and, once acknowledged, its
+// partition and offset) and carries the span's W3C trace context in the
+// record's traceparent header, so that a consumer's span links to it. With
+// a store wrapped by observe.Store with the same tracer, the object's
+// publish is a child span. nil turns tracing off. It returns p.
+func (p *Producer) WithTracer(t *observe.Tracer) *Producer {
+	p.tr = t
+	return p
 }
 
 // gate counts the batch bytes of one topic's records in flight (from the
@@ -248,6 +263,17 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 	}
 	if rec.Topic == "" {
 		rec.Topic = p.defaultTopic // as kgo does; sized for that topic
+	}
+	if p.tr != nil {
+		var span trace.Span
+		ctx, span = p.tr.StartSend(ctx, rec.Topic, -1, rec.Headers)
+		// Before sizing: the header is part of what the broker stores.
+		p.tr.Inject(ctx, &rec.Headers)
+		inner := promise
+		promise = func(r *kgo.Record, err error) {
+			observe.EndSend(span, r.Partition, r.Offset, err)
+			inner(r, err)
+		}
 	}
 	g := p.gate(rec.Topic)
 	gen := g.gen.Load()

@@ -57,12 +57,28 @@ func Wrap(s PayloadStore, p Policy) PayloadStore {
 	return &policyStore{PayloadStore: s, p: p}
 }
 
-// Unwrap returns the store under a Wrap, or s itself.
+// Unwrap returns the store under a Wrap, or s itself. It also sees
+// through a wrapper that only observes (a Wrapper, such as observe.Store),
+// so that such a wrapper keeps the one-pass publishing and the listing of
+// the store it wraps.
 func Unwrap(s PayloadStore) PayloadStore {
-	if w, ok := s.(*policyStore); ok {
-		return w.PayloadStore
+	for {
+		switch w := s.(type) {
+		case *policyStore:
+			s = w.PayloadStore
+		case Wrapper:
+			s = w.UnwrapStore()
+		default:
+			return s
+		}
 	}
-	return s
+}
+
+// Wrapper is implemented by a store that wraps another one without
+// changing what it does (metrics, tracing): Unwrap follows UnwrapStore.
+type Wrapper interface {
+	PayloadStore
+	UnwrapStore() PayloadStore
 }
 
 type policyStore struct {

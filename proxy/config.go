@@ -21,6 +21,8 @@ import (
 
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/internal/kafkaconf"
+	"github.com/ferrykit/ferry/observe"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config is a proxy's configuration. The YAML file keys (LoadConfigFile) are
@@ -135,6 +137,18 @@ type Config struct {
 	// that requires SASL: interceptors then run only for client
 	// connections the broker has authenticated (`upstream.sasl.*`).
 	UpstreamSASL SASLConfig
+	// MetricsMaxTopics bounds the topic label of the per-topic metrics
+	// (`metrics.topics.max`, default 100): later topics are counted under
+	// topic="other" (docs/OPERATIONS.md).
+	MetricsMaxTopics int
+	// Tracing exports OpenTelemetry traces of the records large-message
+	// offloads and resolves over OTLP/HTTP (`tracing.enabled`, default
+	// false; `tracing.otlp.endpoint`, default from the standard
+	// OTEL_EXPORTER_OTLP_* environment variables).
+	Tracing observe.TracingConfig
+	// TracerProvider, when set, is used instead of the one Tracing would
+	// build (a program embedding the proxy, a test).
+	TracerProvider trace.TracerProvider
 	// Logger receives the proxy's structured logs; nil: slog.Default().
 	Logger *slog.Logger
 }
@@ -386,6 +400,7 @@ var configKeys = []string{
 	"max.connections", "max.connections.per.ip", "max.in.flight.requests.per.connection", "proxy.memory.max.bytes",
 	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
 	"upstream.sasl.mechanism", "upstream.sasl.username", "upstream.sasl.password", "upstream.sasl.oauthbearer.token.file",
+	observe.KeyMetricsMaxTopics, observe.KeyTracingEnabled, observe.KeyTracingEndpoint,
 }
 
 // LoadConfigFile reads a YAML config file with koanf. Keys may be nested
@@ -495,6 +510,8 @@ func LoadConfigFile(path string) (Config, error) {
 	c.MemoryMax = num("proxy.memory.max.bytes", 1<<62)
 	c.BatchDecompressedMax = num("interceptor.batch.decompressed.max.bytes", 1<<62)
 	c.RequestDecompressedMax = num("interceptor.request.decompressed.max.bytes", 1<<62)
+	c.MetricsMaxTopics = int(num(observe.KeyMetricsMaxTopics, 1<<20))
+	c.Tracing = observe.TracingConfig{Enabled: boolean(observe.KeyTracingEnabled), Endpoint: str(observe.KeyTracingEndpoint)}
 	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: str("upstream.sasl.username"), Password: str("upstream.sasl.password"),
 		TokenFile: str("upstream.sasl.oauthbearer.token.file")}
 	specs, err := interceptorSpecs(k.Get("interceptors"))

@@ -84,7 +84,7 @@ func (ic *interception) shouldLog(topic string, partition int32) bool {
 // client (with the upstream TLS and upstream.sasl.* settings). Errors: an
 // unknown interceptor name or a bad interceptor config (each names the
 // interceptor), an admin client that cannot be made.
-func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory) (*interception, error) {
+func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory, obs *observability) (*interception, error) {
 	ic := &interception{names: map[[16]byte]string{}, unknown: map[[16]byte]time.Time{}, logged: map[string]time.Time{}}
 	ttl := cfg.TopicConfigRefresh
 	if ttl <= 0 {
@@ -107,7 +107,8 @@ func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory) (
 	ic.configs = largemessage.NewTopicConfigs(ic.admin, ttl)
 	ic.chain, err = interceptor.Build(context.Background(), cfg.Interceptors, interceptor.Options{
 		Timeout: cfg.InterceptorTimeout, TopicName: ic.topicName, Memory: mem,
-		BatchDecompressedMax: cfg.BatchDecompressedMax, RequestDecompressedMax: cfg.RequestDecompressedMax})
+		BatchDecompressedMax: cfg.BatchDecompressedMax, RequestDecompressedMax: cfg.RequestDecompressedMax,
+		Metrics: obs.metrics, Tracer: obs.tracer})
 	if err != nil {
 		ic.admin.Close()
 		return nil, err

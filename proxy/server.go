@@ -51,6 +51,7 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	m      *metrics
+	obs    *observability // per-topic metrics and tracing of the interceptors; nil without them
 	dialer *net.Dialer
 
 	clientTLS   *tls.Config
@@ -136,7 +137,11 @@ func New(cfg Config) (*Server, error) {
 		if s.upstreamTLS != nil {
 			tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
 		}
-		if s.ic, err = newInterception(cfg, tlsOpt, s.mem); err != nil {
+		if s.obs, err = newObservability(cfg, s.m.reg); err != nil {
+			return nil, err
+		}
+		if s.ic, err = newInterception(cfg, tlsOpt, s.mem, s.obs); err != nil {
+			s.obs.close()
 			return nil, err
 		}
 	}
@@ -563,6 +568,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.ic != nil {
 		s.ic.close()
 	}
+	s.obs.close()
 	return err
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/observe"
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/ferrykit/ferry/proxy"
 )
@@ -23,7 +24,9 @@ import (
 func (a *app) proxyCommand() *cobra.Command {
 	var (
 		configFile, upstream, listen, advertised, admin string
-		pprofOn                                         bool
+		pprofOn, tracing                                bool
+		tracingEndpoint                                 string
+		metricsMaxTopics                                int
 		portBase                                        int
 		maxRequest                                      int32
 		interceptors                                    []string
@@ -87,6 +90,18 @@ shutdown.timeout.ms) and exits 0.`,
 			}
 			if f.Changed("pprof") {
 				cfg.Pprof = pprofOn
+			}
+			if f.Changed("tracing") {
+				cfg.Tracing.Enabled = tracing
+			}
+			if f.Changed("tracing-endpoint") {
+				cfg.Tracing.Endpoint = tracingEndpoint
+			}
+			if f.Changed("metrics-max-topics") {
+				if metricsMaxTopics < 0 {
+					return usageErrorf("--metrics-max-topics %d (%s): want 0 (default %d) or more", metricsMaxTopics, observe.KeyMetricsMaxTopics, observe.DefaultMaxTopics)
+				}
+				cfg.MetricsMaxTopics = metricsMaxTopics
 			}
 			if cfg.Pprof && cfg.AdminListen == "" {
 				return usageErrorf("--pprof (admin.pprof.enabled) serves profiles on the admin listener: set --admin HOST:PORT (admin.listen) too")
@@ -171,6 +186,9 @@ shutdown.timeout.ms) and exits 0.`,
 	f.IntVar(&portBase, "broker-port-base", 0, "broker node id N listens on `BASE`+N (default: listen port + 1 + N)")
 	f.StringVar(&admin, "admin", "", "HTTP `HOST:PORT` for /metrics and /healthz (default: none)")
 	f.BoolVar(&pprofOn, "pprof", false, "serve Go profiles under /debug/pprof/ on the --admin listener (admin.pprof.enabled; off by default)")
+	f.BoolVar(&tracing, "tracing", false, "export OpenTelemetry traces of offloaded and resolved records over OTLP/HTTP ("+observe.KeyTracingEnabled+"; off by default; endpoint from OTEL_EXPORTER_OTLP_ENDPOINT)")
+	f.StringVar(&tracingEndpoint, "tracing-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces ("+observe.KeyTracingEndpoint+"; default: the OTEL_EXPORTER_OTLP_* variables)")
+	f.IntVar(&metricsMaxTopics, "metrics-max-topics", observe.DefaultMaxTopics, "distinct topic label values of the per-topic metrics; later topics count as \"other\" ("+observe.KeyMetricsMaxTopics+")")
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
 	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")

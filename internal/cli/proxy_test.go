@@ -121,6 +121,10 @@ func TestProxyCommandBadConfig(t *testing.T) {
 		{"proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:65535"},
 		{"proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:0", "--interceptors", "no-such-interceptor"},
 		{"proxy", "--upstream", "127.0.0.1:9092", "--store", "file:///tmp/x"}, // --store without large-message
+		{"proxy", "--upstream", "127.0.0.1:9092", "--metrics-max-topics", "-1"},
+		// an OTLP endpoint that is not a URL is refused before serving
+		{"proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:0", "--interceptors", "large-message",
+			"--store", "file://" + dir, "--tracing", "--tracing-endpoint", "collector:4318"},
 	} {
 		r := run(t, nil, args...)
 		if r.code != ExitUsage || !strings.Contains(r.stderr, "ferry: ") {

@@ -1,0 +1,278 @@
+// Package observe holds Ferry's per-topic Prometheus metrics and its
+// OpenTelemetry tracing: a payload store wrapper (Store) that counts, times
+// and traces every store operation, the metrics of offloads, resolves,
+// interceptor calls and rejections, and the W3C trace context carried in a
+// record header (traceparent) so that a consumer's span links to the
+// producer's.
+//
+// Nothing here registers globally: NewMetrics takes the caller's
+// prometheus.Registerer, and tracing uses the trace.TracerProvider passed
+// in (otlp.SetupTracing, in package observe/otlp, builds an OTLP one for the proxy). A nil
+// *Metrics and a nil *Tracer do nothing, so library code calls them
+// unconditionally.
+package observe
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultMaxTopics is MetricsOptions.MaxTopics' default
+// (metrics.topics.max).
+const DefaultMaxTopics = 100
+
+// OtherTopic is the topic label value of the topics past
+// MetricsOptions.MaxTopics.
+const OtherTopic = "other"
+
+// Store operations, the operation label of the store metrics and the
+// ferry.store.operation span attribute.
+const (
+	OpPublish  = "publish"  // PayloadStore.Publish (an object PUT)
+	OpDownload = "download" // PayloadStore.Download (an object GET, the open)
+	OpDelete   = "delete"   // PayloadStore.Delete
+	OpStat     = "stat"     // ObjectStore.Stat (HEAD)
+	OpCopy     = "copy"     // ObjectStore.Copy
+	OpTouch    = "touch"    // ObjectStore.Touch
+	OpMove     = "move"     // ObjectStore.Move
+	OpRemove   = "remove"   // ObjectStore.Remove
+	OpList     = "list"     // Lister.List, ObjectStore.ListKeys
+	OpPut      = "put"      // ObjectStore.Put (gc's small objects)
+	OpGet      = "get"      // ObjectStore.Get (gc's small objects)
+)
+
+var storeOps = [...]string{OpPublish, OpDownload, OpDelete, OpStat, OpCopy, OpTouch, OpMove, OpRemove, OpList, OpPut, OpGet}
+
+type opIndex int
+
+const (
+	ixPublish opIndex = iota
+	ixDownload
+	ixDelete
+	ixStat
+	ixCopy
+	ixTouch
+	ixMove
+	ixRemove
+	ixList
+	ixPut
+	ixGet
+)
+
+// Directions, the direction label of the interceptor metrics.
+const (
+	DirectionProduce = "produce"
+	DirectionFetch   = "fetch"
+)
+
+// MetricsOptions configure NewMetrics.
+type MetricsOptions struct {
+	// MaxTopics bounds the distinct values of the topic label
+	// (metrics.topics.max, default DefaultMaxTopics): the first MaxTopics
+	// topics seen get their own series, later ones are counted under
+	// topic="other". 0 means the default; negative is an error.
+	MaxTopics int
+}
+
+// ErrMaxTopics: MetricsOptions.MaxTopics is negative.
+var ErrMaxTopics = errors.New("metrics.topics.max must be 0 (default) or more")
+
+// Metrics are Ferry's per-topic collectors. Methods on a nil *Metrics do
+// nothing. Safe for concurrent use.
+type Metrics struct {
+	maxTopics int
+
+	offloadedRecords, offloadedBytes *prometheus.CounterVec
+	resolvedRecords, resolvedBytes   *prometheus.CounterVec
+	storeOps                         *prometheus.CounterVec
+	storeSeconds                     *prometheus.HistogramVec
+	icSeconds                        *prometheus.HistogramVec
+	rejections                       *prometheus.CounterVec
+
+	topics  sync.Map // topic -> *topicSeries
+	mu      sync.Mutex
+	nTopics atomic.Int64
+	other   *topicSeries
+
+	icMu  sync.Mutex
+	icObs map[[2]string]prometheus.Observer
+}
+
+// topicSeries are one topic's label children, made once.
+type topicSeries struct {
+	topic                            string
+	offloadedRecords, offloadedBytes prometheus.Counter
+	resolvedRecords, resolvedBytes   prometheus.Counter
+	ok, failed                       [len(storeOps)]prometheus.Counter
+	seconds                          [len(storeOps)]prometheus.Observer
+	rejMu                            sync.Mutex
+	rej                              map[[2]string]prometheus.Counter
+}
+
+// NewMetrics makes the collectors and registers them with reg (nil: not
+// registered, e.g. to read them in a test with prometheus/testutil).
+// Errors: ErrMaxTopics; reg's error when a collector of the same name is
+// registered already.
+func NewMetrics(reg prometheus.Registerer, o MetricsOptions) (*Metrics, error) {
+	if o.MaxTopics < 0 {
+		return nil, ErrMaxTopics
+	}
+	if o.MaxTopics == 0 {
+		o.MaxTopics = DefaultMaxTopics
+	}
+	m := &Metrics{maxTopics: o.MaxTopics, icObs: map[[2]string]prometheus.Observer{}}
+	topic := []string{"topic"}
+	m.offloadedRecords = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_offloaded_records_total",
+		Help: "Payloads (a record's value, or its key) published to the payload store in place of the record's bytes, by topic."}, topic)
+	m.offloadedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_offloaded_bytes_total",
+		Help: "Bytes of the payloads published to the payload store, by topic."}, topic)
+	m.resolvedRecords = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_resolved_records_total",
+		Help: "Payloads downloaded from the payload store and read to their end, by topic."}, topic)
+	m.resolvedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_resolved_bytes_total",
+		Help: "Bytes read from payloads downloaded from the payload store, by topic."}, topic)
+	m.storeOps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_store_operations_total",
+		Help: "Payload store operations (publish, download, delete, stat, copy, touch, move, remove, list, put, get), retries included, by topic, operation and result (ok, error)."},
+		[]string{"topic", "operation", "result"})
+	m.storeSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ferry_store_operation_duration_seconds",
+		Help:    "Time of a payload store operation with its retries (download: until the object is open), by topic and operation.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 14)}, []string{"topic", "operation"})
+	m.icSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ferry_interceptor_duration_seconds",
+		Help:    "Time of one interceptor call on one record, by interceptor and direction (produce, fetch).",
+		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12)}, []string{"interceptor", "direction"})
+	m.rejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_interceptor_rejections_total",
+		Help: "Partitions the interceptors refused (produce) or failed (fetch), by topic, direction and reason (the Kafka error code's name, e.g. MESSAGE_TOO_LARGE, INVALID_RECORD, KAFKA_STORAGE_ERROR)."},
+		[]string{"topic", "direction", "reason"})
+	if reg != nil {
+		for _, c := range m.Collectors() {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	m.other = m.newSeries(OtherTopic)
+	return m, nil
+}
+
+// Collectors returns the collectors, for a caller that registers them
+// itself.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.offloadedRecords, m.offloadedBytes, m.resolvedRecords, m.resolvedBytes,
+		m.storeOps, m.storeSeconds, m.icSeconds, m.rejections}
+}
+
+func (m *Metrics) newSeries(topic string) *topicSeries {
+	s := &topicSeries{topic: topic,
+		offloadedRecords: m.offloadedRecords.WithLabelValues(topic), offloadedBytes: m.offloadedBytes.WithLabelValues(topic),
+		resolvedRecords: m.resolvedRecords.WithLabelValues(topic), resolvedBytes: m.resolvedBytes.WithLabelValues(topic),
+		rej: map[[2]string]prometheus.Counter{}}
+	for i, op := range storeOps {
+		s.ok[i] = m.storeOps.WithLabelValues(topic, op, "ok")
+		s.failed[i] = m.storeOps.WithLabelValues(topic, op, "error")
+		s.seconds[i] = m.storeSeconds.WithLabelValues(topic, op)
+	}
+	return s
+}
+
+// series returns topic's children: its own while fewer than maxTopics
+// topics have been seen, else the "other" ones. A known topic costs one
+// sync.Map lookup, no allocation.
+func (m *Metrics) series(topic string) *topicSeries {
+	if s, ok := m.topics.Load(topic); ok {
+		return s.(*topicSeries)
+	}
+	if m.nTopics.Load() >= int64(m.maxTopics) {
+		return m.other
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s, ok := m.topics.Load(topic); ok {
+		return s.(*topicSeries)
+	}
+	if m.nTopics.Load() >= int64(m.maxTopics) {
+		return m.other
+	}
+	s := m.newSeries(topic)
+	m.topics.Store(topic, s)
+	m.nTopics.Add(1)
+	return s
+}
+
+// Offloaded counts one payload of n bytes published for topic.
+func (m *Metrics) Offloaded(topic string, n int64) {
+	if m == nil {
+		return
+	}
+	s := m.series(topic)
+	s.offloadedRecords.Inc()
+	s.offloadedBytes.Add(float64(n))
+}
+
+// Resolved counts one payload of n bytes downloaded for topic.
+func (m *Metrics) Resolved(topic string, n int64) {
+	if m == nil {
+		return
+	}
+	s := m.series(topic)
+	s.resolvedRecords.Inc()
+	s.resolvedBytes.Add(float64(n))
+}
+
+// storeOp counts one store operation of topic ("" when the operation names
+// no topic: counted under "other") and its duration.
+func (m *Metrics) storeOp(topic string, op opIndex, d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	var s *topicSeries
+	if topic == "" {
+		s = m.other
+	} else {
+		s = m.series(topic)
+	}
+	if err != nil {
+		s.failed[op].Inc()
+	} else {
+		s.ok[op].Inc()
+	}
+	s.seconds[op].Observe(d.Seconds())
+}
+
+// Rejected counts a partition refused (produce) or failed (fetch) by the
+// interceptors for topic, with reason the Kafka error name.
+func (m *Metrics) Rejected(topic, direction, reason string) {
+	if m == nil {
+		return
+	}
+	s := m.series(topic)
+	k := [2]string{direction, reason}
+	s.rejMu.Lock()
+	c := s.rej[k]
+	if c == nil {
+		c = m.rejections.WithLabelValues(s.topic, direction, reason)
+		s.rej[k] = c
+	}
+	s.rejMu.Unlock()
+	c.Inc()
+}
+
+// InterceptorObserver returns the histogram child of interceptor name's
+// calls in direction, for the caller to keep and Observe seconds on (nil
+// on a nil *Metrics).
+func (m *Metrics) InterceptorObserver(name, direction string) prometheus.Observer {
+	if m == nil {
+		return nil
+	}
+	k := [2]string{name, direction}
+	m.icMu.Lock()
+	defer m.icMu.Unlock()
+	o := m.icObs[k]
+	if o == nil {
+		o = m.icSeconds.WithLabelValues(name, direction)
+		m.icObs[k] = o
+	}
+	return o
+}
