@@ -69,8 +69,13 @@ type Server struct {
 	// refusalLogged: unix ns of the last warning about a refused connection.
 	refusalLogged atomic.Int64
 
-	// ic runs the KIP-905 interceptors; nil when none are configured.
-	ic *interception
+	// ic is the interceptors' admin client and caches (always made: a
+	// reload may add interceptors); chain is the current generation of the
+	// interceptor chain (reload.go), reloadMu orders reloads, rm counts them.
+	ic       *interception
+	chain    atomic.Pointer[chainGen]
+	reloadMu sync.Mutex
+	rm       *reloadMetrics
 	// mem is the budget of proxy.memory.max.bytes: frames read whole and
 	// the interceptors' work.
 	mem *interceptor.Memory
@@ -104,7 +109,9 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{},
 		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax)}
 	s.saslUpstream.Store(cfg.UpstreamSASL.Mechanism != "")
-	s.saslKnown.Store(cfg.UpstreamSASL.Mechanism != "" || len(cfg.Interceptors) == 0)
+	// Known only when configured: otherwise the start-up probe (or the
+	// first interception, after a reload added interceptors) finds out.
+	s.saslKnown.Store(cfg.UpstreamSASL.Mechanism != "")
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -116,15 +123,24 @@ func New(cfg Config) (*Server, error) {
 	if s.upstreamTLS, err = cfg.UpstreamTLS.clientConfig(); err != nil {
 		return nil, fmt.Errorf("upstream TLS: %w", err)
 	}
-	if len(cfg.Interceptors) > 0 {
-		var tlsOpt kgo.Opt
-		if s.upstreamTLS != nil {
-			tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
-		}
-		if s.ic, err = newInterception(cfg, tlsOpt, s.mem); err != nil {
-			return nil, err
-		}
+	var tlsOpt kgo.Opt
+	if s.upstreamTLS != nil {
+		tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
 	}
+	if s.ic, err = newInterception(cfg, tlsOpt); err != nil {
+		return nil, err
+	}
+	chain, err := s.buildChain(context.Background(), cfg)
+	if err != nil {
+		s.ic.close()
+		return nil, err
+	}
+	version := cfg.Version
+	if version == "" {
+		version = liveHash(cfg)
+	}
+	s.rm = newReloadMetrics(s.m.reg)
+	s.installChain(&chainGen{chain: chain, gen: 1, version: version})
 	s.m.observe(s)
 	return s, nil
 }
@@ -507,9 +523,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = admin.Shutdown(actx)
 		cancel()
 	}
-	if s.ic != nil {
-		s.ic.close()
+	// Retire the chain: closed now, or by the last request still holding it
+	// (none once every connection has ended).
+	if g := s.chain.Swap(nil); g != nil {
+		g.release()
 	}
+	s.ic.close()
 	return err
 }
 
