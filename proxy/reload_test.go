@@ -4,14 +4,21 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferrykit/ferry/interceptor"
 )
@@ -167,5 +174,213 @@ func TestReloadMetricsAndEmptyChain(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// gate is an interceptor that holds each record until released, and
+// marks the records it handled with a header naming its instance.
+type gate struct {
+	re      *regexp.Regexp
+	mark    string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gate) Name() string                 { return "gate" }
+func (g *gate) TopicPattern() *regexp.Regexp { return g.re }
+func (g *gate) ProcessRecord(ctx context.Context, r *interceptor.Record) error {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: "chain", Value: []byte(g.mark)})
+	return nil
+}
+
+var (
+	gates      sync.Map // mark -> *gate
+	gateClosed sync.Map // mark -> true once closed
+)
+
+func init() {
+	interceptor.Register("gate", func(_ context.Context, cfg map[string]string) (interceptor.Instance, error) {
+		g := &gate{re: regexp.MustCompile(".*"), mark: cfg["mark"], entered: make(chan struct{}, 1), release: make(chan struct{})}
+		if cfg["open"] == "true" {
+			close(g.release)
+		}
+		gates.Store(g.mark, g)
+		return interceptor.Instance{Produce: g, Close: func() error { gateClosed.Store(g.mark, true); return nil }}, nil
+	})
+}
+
+func gateOf(t *testing.T, mark string) *gate {
+	t.Helper()
+	v, ok := gates.Load(mark)
+	if !ok {
+		t.Fatalf("no gate %q built", mark)
+	}
+	return v.(*gate)
+}
+
+// A Produce request held by an interceptor when a reload happens finishes
+// on the chain it started with (its record gets that chain's mark), the
+// next request takes the new chain, the old chain is closed only once its
+// request is answered, and the client's connection stays.
+func TestReloadInFlightRequestFinishesOnOldChain(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mark := func(m string, open bool) []interceptor.Spec {
+		return []interceptor.Spec{{Name: "gate", Config: map[string]string{"mark": m, "open": strconv.FormatBool(open)}}}
+	}
+	old, next := t.Name()+"-old", t.Name()+"-new"
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", InterceptorTimeout: time.Minute,
+		Interceptors: mark(old, false), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	var hooks disconnects
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.DefaultProduceTopic("t"), kgo.WithHooks(&hooks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	cl.Produce(ctx, &kgo.Record{Value: []byte("1")}, func(_ *kgo.Record, err error) { first <- err })
+	g := gateOf(t, old)
+	select {
+	case <-g.entered:
+	case <-ctx.Done():
+		t.Fatal("the first record never reached the interceptor")
+	}
+	if err := s.Reload(ctx, Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", InterceptorTimeout: time.Minute,
+		Interceptors: mark(next, true)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, closed := gateClosed.Load(old); closed {
+		t.Fatal("the old chain was closed while a request was in it")
+	}
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte("2")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, closed := gateClosed.Load(old); !closed && time.Now().Before(deadline); _, closed = gateClosed.Load(old) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, closed := gateClosed.Load(old); !closed {
+		t.Fatal("the old chain was not closed after its last request")
+	}
+	cons, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.ConsumeTopics("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	var marks []string
+	for len(marks) < 2 && ctx.Err() == nil {
+		cons.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == "chain" {
+					marks = append(marks, string(r.Value)+"="+string(h.Value))
+				}
+			}
+		})
+	}
+	if want := []string{"1=" + old, "2=" + next}; !slices.Equal(marks, want) {
+		t.Fatalf("records marked %v, want %v", marks, want)
+	}
+	if n := hooks.n.Load(); n != 0 {
+		t.Fatalf("the client saw %d disconnects", n)
+	}
+}
+
+type disconnects struct{ n atomic.Int64 }
+
+func (d *disconnects) OnBrokerDisconnect(kgo.BrokerMetadata, net.Conn) { d.n.Add(1) }
+
+// SIGTERM's Shutdown drains: /healthz turns 503 at once (Kubernetes stops
+// routing) while /livez stays 200, new connections are refused, and the
+// request in flight is answered before the proxy stops.
+func TestShutdownDrainsAndHealthzNotReady(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mark := t.Name()
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", InterceptorTimeout: time.Minute,
+		Interceptors: []interceptor.Spec{{Name: "gate", Config: map[string]string{"mark": mark}}}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	status := func(path string) int {
+		resp, err := http.Get("http://" + s.AdminAddr() + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if a, b := status("/healthz"), status("/livez"); a != 200 || b != 200 {
+		t.Fatalf("serving: /healthz %d /livez %d, want 200 200", a, b)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.DefaultProduceTopic("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	cl.Produce(ctx, &kgo.Record{Value: []byte("in flight")}, func(_ *kgo.Record, err error) { done <- err })
+	g := gateOf(t, mark)
+	<-g.entered
+	addr := s.Addr()
+	shut := make(chan error, 1)
+	go func() { shut <- s.Shutdown(ctx) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for status("/healthz") != http.StatusServiceUnavailable {
+		if time.Now().After(deadline) {
+			t.Fatal("/healthz still ready while draining")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := status("/livez"); n != 200 {
+		t.Fatalf("/livez %d while draining, want 200 (alive)", n)
+	}
+	if cn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		cn.Close()
+		t.Fatal("the bootstrap listener accepts connections while draining")
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) with a request in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the request in flight at SIGTERM failed: %v", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
 	}
 }

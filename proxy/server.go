@@ -244,7 +244,9 @@ func (s *Server) AdminAddr() string {
 }
 
 // Handler returns the admin HTTP handler: /metrics (Prometheus), /healthz
-// (200 "ok" while serving, 503 while shutting down) and, when Config.Pprof
+// (readiness: 200 "ok" while serving, 503 from the start of Shutdown's
+// drain), /livez (liveness: 200 while the process runs, draining included)
+// and, when Config.Pprof
 // is set, Go's profiles under /debug/pprof/ (net/http/pprof: profile?seconds=N
 // for CPU, heap, goroutine, mutex, block, trace).
 func (s *Server) Handler() http.Handler {
@@ -260,6 +262,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	if s.cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
