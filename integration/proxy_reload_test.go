@@ -157,7 +157,7 @@ func TestProxyHotReload(t *testing.T) {
 	}
 
 	var hooks connHooks
-	opts := []kgo.Opt{kgo.SeedBrokers(bootstrap), kgo.WithHooks(&hooks), kgo.ConnIdleTimeout(15*time.Minute)}
+	opts := []kgo.Opt{kgo.SeedBrokers(bootstrap), kgo.WithHooks(&hooks), kgo.ConnIdleTimeout(15 * time.Minute)}
 	prod, err := kgo.NewClient(append(opts, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
