@@ -41,7 +41,10 @@ rewritten to the proxy's addresses; everything else passes through untouched.
 
 Settings come from a YAML file (--config, keys in docs/PROXY.md), then from flags.
 SIGTERM or Ctrl-C stops accepting, answers the requests in flight (bounded by
-shutdown.timeout.ms) and exits 0.`,
+shutdown.timeout.ms) and exits 0; /healthz answers 503 meanwhile. SIGHUP, or a
+change of the --config file, reloads the interceptors for new requests without
+closing a connection; a bad file is refused and the running ones kept (keys
+that need a restart are named in a warning).`,
 		Example: `  ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
   ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092 --interceptors large-message --store file:///var/ferry
   ferry proxy --config proxy.yaml --admin 127.0.0.1:9644`,
