@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -382,5 +383,23 @@ func TestShutdownDrainsAndHealthzNotReady(t *testing.T) {
 	}
 	if err := <-shut; err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// A configuration that cannot be loaded (ReloadWith's load error, e.g. a
+// file that does not parse) is a refused reload too.
+func TestReloadWithLoadError(t *testing.T) {
+	s := reloadServer(t)
+	err := s.ReloadWith(context.Background(), "test", func() (Config, error) {
+		return Config{}, errors.New("config file x.yaml: yaml: line 3: did not find expected key")
+	})
+	if err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Fatalf("err %v", err)
+	}
+	if ok, failed := reloadCounts(s); ok != 0 || failed != 1 {
+		t.Fatalf("reloads success %v failure %v, want 0 1", ok, failed)
+	}
+	if gen, _ := s.ChainGeneration(); gen != 1 {
+		t.Fatalf("generation %d, want 1", gen)
 	}
 }
