@@ -311,7 +311,7 @@ func (c *conn) readRequest() bool {
 		c.active.Store(time.Now().UnixNano())
 		return true
 	}
-	if !c.auth.ok() && (h.Key == keyProduce && g.hasProduce() || h.Key == keyFetch && g.hasFetch()) &&
+	if (h.Key == keyProduce && g.hasProduce() || h.Key == keyFetch && g.hasFetch()) && !c.auth.ok() &&
 		!c.auth.await(c.done) {
 		// Decided before the frame is read (and its memory charged): a
 		// client that has not authenticated holds none of the budget.
