@@ -151,6 +151,11 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// Logger receives the proxy's structured logs; nil: slog.Default().
 	Logger *slog.Logger
+	// Version names this configuration in the ferry_proxy_config_info
+	// metric and reload logs (not a file key; `ferry proxy` sets the first
+	// 16 hex digits of the config file's SHA-256). Empty: a digest of the
+	// reloadable keys.
+	Version string
 }
 
 // SASLConfig is the proxy's own SASL login to the upstream cluster, mapped

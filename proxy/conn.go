@@ -60,6 +60,10 @@ type inflight struct {
 	// frameFree: once written, nothing reads the broker's response frame
 	// any more (it goes back to its pool).
 	frameFree bool
+	// gen: the interceptor chain in force when the request was read, which
+	// also handles its response (hot reload); held from enqueue to drop.
+	gen     *chainGen
+	genHeld atomic.Bool
 }
 
 // conn is one client connection and its upstream connection. The reader
@@ -299,7 +303,11 @@ func (c *conn) readRequest() bool {
 		c.fail(kind, "bad request from client", err)
 		return false
 	}
-	whole := err != nil || c.wantsRequest(h)
+	// The chain in force now handles this request and its response, whatever
+	// a reload installs meanwhile (reload.go).
+	g := c.s.acquireChain()
+	defer g.release()
+	whole := err != nil || c.wantsRequest(h, g)
 	acks := int16(1)
 	if !whole && h.Key == keyProduce {
 		// acks sits after the transactional id: in the peeked bytes, or
@@ -313,7 +321,7 @@ func (c *conn) readRequest() bool {
 	if !whole {
 		c.s.m.request(h.Key)
 		c.s.m.bytesIn.Add(float64(4 + size))
-		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
+		f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version, g), gen: g}
 		if acks != 0 && !c.enqueue(f) {
 			return false
 		}
@@ -327,8 +335,7 @@ func (c *conn) readRequest() bool {
 		c.active.Store(time.Now().UnixNano())
 		return true
 	}
-	if c.s.ic != nil && !c.auth.ok() &&
-		(h.Key == keyProduce && c.s.ic.chain.HasProduce() || h.Key == keyFetch && c.s.ic.chain.HasFetch()) &&
+	if (h.Key == keyProduce && g.hasProduce() || h.Key == keyFetch && g.hasFetch()) && !c.auth.ok() &&
 		!c.auth.await(c.done) {
 		// Decided before the frame is read (and its memory charged): a
 		// client that has not authenticated holds none of the budget.
@@ -340,7 +347,7 @@ func (c *conn) readRequest() bool {
 		c.readError(err)
 		return false
 	}
-	ok := c.handleWhole(frame)
+	ok := c.handleWhole(frame, g)
 	release()
 	c.s.collectLarge(int64(size))
 	return ok
@@ -348,13 +355,12 @@ func (c *conn) readRequest() bool {
 
 // wantsRequest reports whether a request must be read whole: the proxy
 // decodes it (interceptors, SASL state, an acks it could not peek).
-func (c *conn) wantsRequest(h RequestHeader) bool {
-	ic := c.s.ic
+func (c *conn) wantsRequest(h RequestHeader, g *chainGen) bool {
 	switch h.Key {
 	case keyProduce:
-		return ic != nil && ic.chain.HasProduce()
+		return g.hasProduce()
 	case keyFetch:
-		return ic != nil && ic.chain.HasFetch()
+		return g.hasFetch()
 	case keySASLHandshake, keySASLAuthenticate, apiVersionsKey:
 		return true
 	}
@@ -364,18 +370,18 @@ func (c *conn) wantsRequest(h RequestHeader) bool {
 // wantsResponse reports whether the response to key at version must be
 // read whole and decoded: endpoints to rewrite, ApiVersions to narrow, the
 // interceptors' work, topic ids to learn, SASL outcomes to follow.
-func (c *conn) wantsResponse(key, version int16) bool {
+func (c *conn) wantsResponse(key, version int16, g *chainGen) bool {
 	if key == apiVersionsKey || needsRewrite(key, version) || key == keySASLHandshake || key == keySASLAuthenticate {
 		return true
 	}
-	if ic := c.s.ic; ic != nil {
+	if g.active() {
 		switch key {
 		case keyMetadata, keyDescribeTopicPartitions:
 			return true
 		case keyProduce:
-			return ic.chain.HasProduce()
+			return g.hasProduce()
 		case keyFetch:
-			return ic.chain.HasFetch()
+			return g.hasFetch()
 		}
 	}
 	return false
@@ -413,7 +419,7 @@ func (c *conn) readWhole(size int32) ([]byte, func(), error) {
 }
 
 // handleWhole handles a request read whole.
-func (c *conn) handleWhole(frame []byte) bool {
+func (c *conn) handleWhole(frame []byte, g *chainGen) bool {
 	c.s.m.bytesIn.Add(float64(len(frame)))
 	c.active.Store(time.Now().UnixNano())
 	h, err := ParseRequestHeader(frame[4:])
@@ -431,14 +437,14 @@ func (c *conn) handleWhole(frame []byte) bool {
 		expectResponse = acks != 0
 	}
 	c.s.m.request(h.Key)
-	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version)}
+	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version, g), gen: g}
 	switch h.Key {
 	case keySASLHandshake:
 		c.auth.handshake(h.Version, frame[4+h.Len:])
 	case keySASLAuthenticate:
 		c.auth.authenticating()
 	case keyFetch:
-		if c.s.ic != nil && c.s.ic.chain.HasFetch() {
+		if g.hasFetch() {
 			if !c.auth.await(c.done) {
 				c.fail("unauthenticated", "Fetch request before SASL authentication completed (the broker closes such a connection too)", nil)
 				return false
@@ -456,7 +462,7 @@ func (c *conn) handleWhole(frame []byte) bool {
 			}
 		}
 	case keyProduce:
-		if c.s.ic != nil && c.s.ic.chain.HasProduce() {
+		if g.hasProduce() {
 			if !c.auth.await(c.done) {
 				c.fail("unauthenticated", "Produce request before SASL authentication completed (the broker closes such a connection too)", nil)
 				return false
@@ -524,11 +530,18 @@ func (f *inflight) abandon(ctx context.Context) {
 	f.drop()
 }
 
-// drop gives back the memory f holds. Its interceptor work stays: a
-// forwarded Produce request may have been appended.
+// drop gives back the memory f holds, and its hold on the chain that
+// handled it. Its interceptor work stays: a forwarded Produce request may
+// have been appended. Safe to call more than once, from reader and writer.
 func (f *inflight) drop() {
-	if f != nil && f.release != nil {
+	if f == nil {
+		return
+	}
+	if f.release != nil {
 		f.release()
+	}
+	if f.genHeld.Swap(false) {
+		f.gen.release()
 	}
 }
 
@@ -567,10 +580,15 @@ func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
 
 func (c *conn) enqueue(f *inflight) bool {
 	c.inFlight.Add(1)
+	if f.gen != nil {
+		f.gen.retain() // released by drop, once answered or abandoned
+		f.genHeld.Store(true)
+	}
 	select {
 	case c.pending <- f:
 		return true
 	case <-c.done:
+		f.drop()
 		return false
 	}
 }
@@ -800,7 +818,7 @@ func (c *conn) answer(f *inflight) bool {
 		c.answered(f, int64(4+size))
 		return true
 	}
-	if n := 4 + int(size); n <= readerSize && !(c.s.ic != nil && (f.key == keyProduce || f.key == keyFetch)) {
+	if n := 4 + int(size); n <= readerSize && !(f.gen.active() && (f.key == keyProduce || f.key == keyFetch)) {
 		// A small frame no interceptor reads is looked at where it lies,
 		// in the connection's read buffer, and discarded once written.
 		frame, err := c.ur.Peek(n)
@@ -947,7 +965,7 @@ func (c *conn) response(f *inflight, frame []byte) ([]byte, func(), error) {
 	case keySASLHandshake, keySASLAuthenticate:
 		c.auth.response(f.key, f.version, msg[hlen:])
 	}
-	if c.s.ic != nil {
+	if f.gen.active() {
 		switch f.key {
 		case keyProduce, keyFetch, keyMetadata, keyDescribeTopicPartitions:
 			return c.interceptResponse(f, frame, msg, hlen)

@@ -31,11 +31,10 @@ const defaultTopicConfigTTL = time.Minute
 // cluster on every request.
 const unknownTopicIDTTL = 5 * time.Second
 
-// interception is the Server's KIP-905 state: the interceptor chain, an
-// admin client of the upstream cluster for topic configs and ids, and their
-// caches. nil when no interceptor is configured: requests then pass opaque.
+// interception is the Server's KIP-905 state besides the chain (which is
+// reloadable, reload.go): an admin client of the upstream cluster for topic
+// configs and ids, and their caches. The client connects on first use.
 type interception struct {
-	chain   *interceptor.Chain
 	admin   *kgo.Client
 	configs *largemessage.TopicConfigs
 
@@ -80,11 +79,9 @@ func (ic *interception) shouldLog(topic string, partition int32) bool {
 	return true
 }
 
-// newInterception builds the chain of cfg.Interceptors and the admin
-// client (with the upstream TLS and upstream.sasl.* settings). Errors: an
-// unknown interceptor name or a bad interceptor config (each names the
-// interceptor), an admin client that cannot be made.
-func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory, obs *observability) (*interception, error) {
+// newInterception makes the admin client (with the upstream TLS and
+// upstream.sasl.* settings). Errors: an admin client that cannot be made.
+func newInterception(cfg Config, upstreamTLS kgo.Opt) (*interception, error) {
 	ic := &interception{names: map[[16]byte]string{}, unknown: map[[16]byte]time.Time{}, logged: map[string]time.Time{}}
 	ttl := cfg.TopicConfigRefresh
 	if ttl <= 0 {
@@ -105,19 +102,10 @@ func newInterception(cfg Config, upstreamTLS kgo.Opt, mem *interceptor.Memory, o
 		return nil, fmt.Errorf("interceptors: admin client of the upstream cluster: %w", err)
 	}
 	ic.configs = largemessage.NewTopicConfigs(ic.admin, ttl)
-	ic.chain, err = interceptor.Build(context.Background(), cfg.Interceptors, interceptor.Options{
-		Timeout: cfg.InterceptorTimeout, TopicName: ic.topicName, Memory: mem,
-		BatchDecompressedMax: cfg.BatchDecompressedMax, RequestDecompressedMax: cfg.RequestDecompressedMax,
-		Metrics: obs.metrics, Tracer: obs.tracer})
-	if err != nil {
-		ic.admin.Close()
-		return nil, err
-	}
 	return ic, nil
 }
 
 func (ic *interception) close() {
-	ic.chain.Close()
 	ic.admin.Close()
 }
 
@@ -291,7 +279,7 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		return nil, false, err
 	}
 	ctx, stop := c.watchClient()
-	res := c.s.ic.chain.InterceptProduce(ctx, req, c.s.ic.maxMessageBytes)
+	res := f.gen.chain.InterceptProduce(ctx, req, c.s.ic.maxMessageBytes)
 	stop()
 	defer res.Release()
 	// One line per request (the first refusal; the rest at debug level),
@@ -438,7 +426,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		if mx := c.s.mem.Limit() / 4; limits.MaxBytes <= 0 || int64(limits.MaxBytes) > mx {
 			limits.MaxBytes = int32(min(mx, math.MaxInt32))
 		}
-		out := c.s.ic.chain.InterceptFetchLimited(c.ctx, resp, limits)
+		out := f.gen.chain.InterceptFetchLimited(c.ctx, resp, limits)
 		release = out.Release
 		if out.Truncated > 0 {
 			c.log.Debug("fetch response cut to the consumer's limits", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)
@@ -474,7 +462,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			// (fetchframe.go): only the rest of the frame is encoded.
 			large := detachLarge(resp)
 			est := fetchFrameBytes(resp, hlen)
-			ctx, cancel := context.WithTimeout(c.ctx, c.s.ic.chain.Timeout())
+			ctx, cancel := context.WithTimeout(c.ctx, f.gen.chain.Timeout())
 			err := c.s.mem.Take(ctx, est)
 			cancel()
 			if err != nil {

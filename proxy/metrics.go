@@ -73,14 +73,12 @@ func (m *metrics) observe(s *Server) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ferry_proxy_memory_bytes",
 		Help: "Bytes of proxy.memory.max.bytes in use now: frames read whole and interceptor work."},
 		func() float64 { return float64(s.mem.InUse()) }))
-	if s.ic != nil {
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ferry_proxy_topic_config_requests_total",
-			Help: "DescribeConfigs rounds the interceptors made to read topics' max.message.bytes (one per round, however many topics)."},
-			func() float64 { return float64(s.ic.configs.Requests()) }))
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ferry_proxy_topic_id_lookups_total",
-			Help: "Metadata requests the interceptors made to name topic ids (Produce and Fetch v13+) they had not seen."},
-			func() float64 { return float64(s.ic.lookups.Load()) }))
-	}
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ferry_proxy_topic_config_requests_total",
+		Help: "DescribeConfigs rounds the interceptors made to read topics' max.message.bytes (one per round, however many topics)."},
+		func() float64 { return float64(s.ic.configs.Requests()) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ferry_proxy_topic_id_lookups_total",
+		Help: "Metadata requests the interceptors made to name topic ids (Produce and Fetch v13+) they had not seen."},
+		func() float64 { return float64(s.ic.lookups.Load()) }))
 }
 
 func newMetrics() *metrics {

@@ -51,7 +51,7 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	m      *metrics
-	obs    *observability // per-topic metrics and tracing of the interceptors; nil without them
+	obs    *observability // per-topic metrics and tracing of the interceptors
 	dialer *net.Dialer
 
 	clientTLS   *tls.Config
@@ -72,8 +72,13 @@ type Server struct {
 	// refusalLogged: unix ns of the last warning about a refused connection.
 	refusalLogged atomic.Int64
 
-	// ic runs the KIP-905 interceptors; nil when none are configured.
-	ic *interception
+	// ic is the interceptors' admin client and caches (always made: a
+	// reload may add interceptors); chain is the current generation of the
+	// interceptor chain (reload.go), reloadMu orders reloads, rm counts them.
+	ic       *interception
+	chain    atomic.Pointer[chainGen]
+	reloadMu sync.Mutex
+	rm       *reloadMetrics
 	// mem is the budget of proxy.memory.max.bytes: frames read whole and
 	// the interceptors' work.
 	mem *interceptor.Memory
@@ -115,7 +120,9 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{},
 		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax)}
 	s.saslUpstream.Store(cfg.UpstreamSASL.Mechanism != "")
-	s.saslKnown.Store(cfg.UpstreamSASL.Mechanism != "" || len(cfg.Interceptors) == 0)
+	// Known only when configured: otherwise the start-up probe (or the
+	// first interception, after a reload added interceptors) finds out.
+	s.saslKnown.Store(cfg.UpstreamSASL.Mechanism != "")
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -132,19 +139,30 @@ func New(cfg Config) (*Server, error) {
 	if s.upstreamTLS, err = cfg.UpstreamTLS.clientConfig(); err != nil {
 		return nil, fmt.Errorf("upstream TLS: %w", err)
 	}
-	if len(cfg.Interceptors) > 0 {
-		var tlsOpt kgo.Opt
-		if s.upstreamTLS != nil {
-			tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
-		}
-		if s.obs, err = newObservability(cfg, s.m.reg); err != nil {
-			return nil, err
-		}
-		if s.ic, err = newInterception(cfg, tlsOpt, s.mem, s.obs); err != nil {
-			s.obs.close()
-			return nil, err
-		}
+	var tlsOpt kgo.Opt
+	if s.upstreamTLS != nil {
+		tlsOpt = kgo.DialTLSConfig(s.upstreamTLS)
 	}
+	// Made with or without interceptors: a reload may add them.
+	if s.obs, err = newObservability(cfg, s.m.reg); err != nil {
+		return nil, err
+	}
+	if s.ic, err = newInterception(cfg, tlsOpt); err != nil {
+		s.obs.close()
+		return nil, err
+	}
+	chain, err := s.buildChain(context.Background(), cfg)
+	if err != nil {
+		s.ic.close()
+		s.obs.close()
+		return nil, err
+	}
+	version := cfg.Version
+	if version == "" {
+		version = liveHash(cfg)
+	}
+	s.rm = newReloadMetrics(s.m.reg)
+	s.installChain(&chainGen{chain: chain, gen: 1, version: version})
 	s.m.observe(s)
 	return s, nil
 }
@@ -260,7 +278,9 @@ func (s *Server) AdminAddr() string {
 }
 
 // Handler returns the admin HTTP handler: /metrics (Prometheus), /healthz
-// (200 "ok" while serving, 503 while shutting down) and, when Config.Pprof
+// (readiness: 200 "ok" while serving, 503 from the start of Shutdown's
+// drain), /livez (liveness: 200 while the process runs, draining included)
+// and, when Config.Pprof
 // is set, Go's profiles under /debug/pprof/ (net/http/pprof: profile?seconds=N
 // for CPU, heap, goroutine, mutex, block, trace).
 func (s *Server) Handler() http.Handler {
@@ -276,6 +296,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	if s.cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -565,9 +586,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = admin.Shutdown(actx)
 		cancel()
 	}
-	if s.ic != nil {
-		s.ic.close()
+	// Retire the chain: closed now, or by the last request still holding it
+	// (none once every connection has ended).
+	if g := s.chain.Swap(nil); g != nil {
+		g.release()
 	}
+	s.ic.close()
 	s.obs.close()
 	return err
 }

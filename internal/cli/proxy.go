@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -24,7 +26,7 @@ import (
 func (a *app) proxyCommand() *cobra.Command {
 	var (
 		configFile, upstream, listen, advertised, admin string
-		pprofOn, tracing                                bool
+		pprofOn, watch, tracing                         bool
 		tracingEndpoint                                 string
 		metricsMaxTopics                                int
 		portBase                                        int
@@ -45,87 +47,25 @@ and every broker instead, routed by the TLS server name (SNI) each client sends.
 
 Settings come from a YAML file (--config, keys in docs/PROXY.md), then from flags.
 SIGTERM or Ctrl-C stops accepting, answers the requests in flight (bounded by
-shutdown.timeout.ms) and exits 0.`,
+shutdown.timeout.ms) and exits 0; /healthz answers 503 meanwhile. SIGHUP, or a
+change of the --config file, reloads the interceptors for new requests without
+closing a connection; a bad file is refused and the running ones kept (keys
+that need a restart are named in a warning).`,
 		Example: `  ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
   ferry proxy --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092 --interceptors large-message --store file:///var/ferry
   ferry proxy --config proxy.yaml --admin 127.0.0.1:9644`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var cfg proxy.Config
-			if configFile != "" {
-				c, err := proxy.LoadConfigFile(configFile)
-				if err != nil {
-					return &usageError{err: err}
-				}
-				// The interceptors' store URLs, as strictly as --store.
-				for i, sp := range c.Interceptors {
-					raw, ok := sp.Config[largemessage.KeyStoreURL]
-					if !ok {
-						continue
-					}
-					u, err := parseStoreURL(raw)
-					if err != nil {
-						return usageErrorf("%s: interceptors[%d] (%s): %s %q: %v", configFile, i, sp.Name,
-							largemessage.KeyStoreURL, shownStoreURL(raw), err)
-					}
-					c.Interceptors[i].Config[largemessage.KeyStoreURL] = u
-				}
-				cfg = c
-			}
-			f := cmd.Flags()
-			if f.Changed("upstream") {
-				cfg.Upstream = proxy.SplitList(upstream)
-			}
-			if f.Changed("listen") || cfg.Listen == "" {
-				cfg.Listen = listen
-			}
-			if f.Changed("advertised-host") {
-				cfg.AdvertisedHost = advertised
-			}
-			if f.Changed("broker-port-base") {
-				cfg.BrokerPortBase = portBase
-			}
-			if f.Changed("admin") {
-				cfg.AdminListen = admin
-			}
-			if f.Changed("pprof") {
-				cfg.Pprof = pprofOn
-			}
-			if f.Changed("tracing") {
-				cfg.Tracing.Enabled = tracing
-			}
-			if f.Changed("tracing-endpoint") {
-				cfg.Tracing.Endpoint = tracingEndpoint
-			}
-			if f.Changed("metrics-max-topics") {
-				if metricsMaxTopics < 0 {
-					return usageErrorf("--metrics-max-topics %d (%s): want 0 (default %d) or more", metricsMaxTopics, observe.KeyMetricsMaxTopics, observe.DefaultMaxTopics)
-				}
-				cfg.MetricsMaxTopics = metricsMaxTopics
-			}
-			if cfg.Pprof && cfg.AdminListen == "" {
-				return usageErrorf("--pprof (admin.pprof.enabled) serves profiles on the admin listener: set --admin HOST:PORT (admin.listen) too")
-			}
-			if f.Changed("socket-request-max-bytes") {
-				cfg.MaxRequestBytes = maxRequest
-			}
-			if f.Changed("interceptors") {
-				// The simple case: built-ins by name, configured by -X
-				// properties (large.message.*, ...) and --store.
-				p, err := a.props()
-				if err != nil {
-					return err
-				}
-				if err := a.applyStoreURL(p, store); err != nil {
-					return err
-				}
-				warnUnusedInterceptorKeys(p)
-				cfg.Interceptors = nil
-				for _, name := range interceptors {
-					cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
-				}
-			} else if store != "" {
-				return usageErrorf("--store is for the large-message interceptor: add --interceptors large-message")
+			// SIGHUP reloads (its default action would end the process):
+			// caught from the start.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			pf := proxyFlags{upstream, listen, advertised, admin, pprofOn, portBase, maxRequest, interceptors, store,
+				tracing, tracingEndpoint, metricsMaxTopics}
+			cfg, err := a.proxyConfig(cmd, configFile, pf)
+			if err != nil {
+				return err
 			}
 			level := slog.LevelInfo
 			if cmd.Flags().Changed("log-level") {
@@ -163,7 +103,18 @@ shutdown.timeout.ms) and exits 0.`,
 			if s.AdminAddr() != "" {
 				fmt.Fprintf(a.stdout, "ferry proxy: metrics http://%s/metrics\n", s.AdminAddr())
 			}
+			reload := func(trigger string) {
+				_ = s.ReloadWith(ctx, trigger, func() (proxy.Config, error) {
+					c, err := a.proxyConfig(cmd, configFile, pf)
+					c.Logger = cfg.Logger
+					return c, err
+				})
+			}
+			rctx, stopReloads := context.WithCancel(ctx)
+			reloads := startReloader(rctx, cfg.Logger, hup, configFile, watch && configFile != "", reload)
 			<-ctx.Done()
+			stopReloads()
+			<-reloads
 			timeout := cfg.ShutdownTimeout
 			if timeout == 0 {
 				timeout = proxy.DefaultShutdownTimeout
@@ -179,7 +130,8 @@ shutdown.timeout.ms) and exits 0.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&configFile, "config", "", "YAML config `FILE` (keys in docs/PROXY.md); flags override it")
+	f.StringVar(&configFile, "config", "", "YAML config `FILE` (keys in docs/PROXY.md); flags override it. Reloaded on SIGHUP and when it changes")
+	f.BoolVar(&watch, "config-watch", true, "reload --config when the file changes (its directory is watched: editors' renames and Kubernetes ConfigMap updates count); SIGHUP reloads either way")
 	f.StringVar(&upstream, "upstream", "", "upstream seed brokers, `HOST:PORT[,HOST:PORT]`")
 	f.StringVar(&listen, "listen", "127.0.0.1:19092", "bootstrap listener `HOST:PORT`")
 	f.StringVar(&advertised, "advertised-host", "", "host clients are told for each broker (default: the listen host)")
@@ -193,6 +145,109 @@ shutdown.timeout.ms) and exits 0.`,
 	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
 	return cmd
+}
+
+// proxyFlags are the flag values of ferry proxy that override the file.
+type proxyFlags struct {
+	upstream, listen, advertised, admin string
+	pprof                               bool
+	portBase                            int
+	maxRequest                          int32
+	interceptors                        []string
+	store                               string
+	tracing                             bool
+	tracingEndpoint                     string
+	metricsMaxTopics                    int
+}
+
+// proxyConfig reads configFile (if any) and applies the flags set on the
+// command line over it: the configuration at start-up and at each reload.
+// Errors are usage errors (exit 2 at start-up; a refused reload later).
+func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) (proxy.Config, error) {
+	upstream, listen, advertised, admin, pprofOn, portBase, maxRequest, interceptors, store :=
+		pf.upstream, pf.listen, pf.advertised, pf.admin, pf.pprof, pf.portBase, pf.maxRequest, pf.interceptors, pf.store
+	var cfg proxy.Config
+	if configFile != "" {
+		raw, err := os.ReadFile(configFile)
+		if err != nil {
+			return cfg, &usageError{err: fmt.Errorf("config file %s: %w", configFile, err)}
+		}
+		c, err := proxy.LoadConfigFile(configFile)
+		if err != nil {
+			return cfg, &usageError{err: err}
+		}
+		c.Version = configVersion(raw)
+		// The interceptors' store URLs, as strictly as --store.
+		for i, sp := range c.Interceptors {
+			raw, ok := sp.Config[largemessage.KeyStoreURL]
+			if !ok {
+				continue
+			}
+			u, err := parseStoreURL(raw)
+			if err != nil {
+				return cfg, usageErrorf("%s: interceptors[%d] (%s): %s %q: %v", configFile, i, sp.Name,
+					largemessage.KeyStoreURL, shownStoreURL(raw), err)
+			}
+			c.Interceptors[i].Config[largemessage.KeyStoreURL] = u
+		}
+		cfg = c
+	}
+	f := cmd.Flags()
+	if f.Changed("upstream") {
+		cfg.Upstream = proxy.SplitList(upstream)
+	}
+	if f.Changed("listen") || cfg.Listen == "" {
+		cfg.Listen = listen
+	}
+	if f.Changed("advertised-host") {
+		cfg.AdvertisedHost = advertised
+	}
+	if f.Changed("broker-port-base") {
+		cfg.BrokerPortBase = portBase
+	}
+	if f.Changed("admin") {
+		cfg.AdminListen = admin
+	}
+	if f.Changed("pprof") {
+		cfg.Pprof = pprofOn
+	}
+	if f.Changed("tracing") {
+		cfg.Tracing.Enabled = pf.tracing
+	}
+	if f.Changed("tracing-endpoint") {
+		cfg.Tracing.Endpoint = pf.tracingEndpoint
+	}
+	if f.Changed("metrics-max-topics") {
+		if pf.metricsMaxTopics < 0 {
+			return cfg, usageErrorf("--metrics-max-topics %d (%s): want 0 (default %d) or more", pf.metricsMaxTopics, observe.KeyMetricsMaxTopics, observe.DefaultMaxTopics)
+		}
+		cfg.MetricsMaxTopics = pf.metricsMaxTopics
+	}
+	if cfg.Pprof && cfg.AdminListen == "" {
+		return cfg, usageErrorf("--pprof (admin.pprof.enabled) serves profiles on the admin listener: set --admin HOST:PORT (admin.listen) too")
+	}
+	if f.Changed("socket-request-max-bytes") {
+		cfg.MaxRequestBytes = maxRequest
+	}
+	if f.Changed("interceptors") {
+		// The simple case: built-ins by name, configured by -X
+		// properties (large.message.*, ...) and --store.
+		p, err := a.props()
+		if err != nil {
+			return cfg, err
+		}
+		if err := a.applyStoreURL(p, store); err != nil {
+			return cfg, err
+		}
+		warnUnusedInterceptorKeys(p)
+		cfg.Interceptors = nil
+		for _, name := range interceptors {
+			cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
+		}
+	} else if store != "" {
+		return cfg, usageErrorf("--store is for the large-message interceptor: add --interceptors large-message")
+	}
+	return cfg, nil
 }
 
 // warnUnusedInterceptorKeys logs the properties no built-in interceptor
