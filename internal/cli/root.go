@@ -103,7 +103,7 @@ func RunIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err == nil {
 		return ExitOK
 	}
-	msg := oneLine(foldSuggestion(err.Error()))
+	msg := oneLine(err.Error())
 	var intr *Interrupted
 	if ctx.Err() != nil && errors.As(context.Cause(ctx), &intr) {
 		if !strings.Contains(msg, intr.Error()) {
@@ -160,7 +160,11 @@ signal stops it (it drains its connections first).`,
 			a.ran = true
 			return a.setupLogging()
 		},
+		// Runnable, so that its Args (a misspelled command) is checked.
+		Args: unknownCommand,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	root.SetHelpCommand(helpCommand(root))
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "Kafka-style properties `FILE` (e.g. client.properties)")
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
@@ -212,17 +216,6 @@ func (e *usageError) Unwrap() error { return e.err }
 
 func usageErrorf(format string, args ...any) error {
 	return &usageError{err: fmt.Errorf(format, args...)}
-}
-
-// foldSuggestion turns cobra's "unknown command" advice, which spans lines
-// ("...\n\nDid you mean this?\n\tproduce\n"), into "... (did you mean
-// produce?)".
-func foldSuggestion(s string) string {
-	head, tail, ok := strings.Cut(s, "\n\nDid you mean this?\n")
-	if !ok {
-		return s
-	}
-	return head + " (did you mean " + strings.Join(strings.Fields(tail), " or ") + "?)"
 }
 
 // oneLine folds a multi-line error (errors.Join) onto one line.
