@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/props"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/ferrykit/ferry/proxy"
@@ -101,7 +102,9 @@ shutdown.timeout.ms) and exits 0.`,
 				if err := a.applyStoreURL(p, store); err != nil {
 					return err
 				}
-				warnUnusedInterceptorKeys(p)
+				if err := warnUnusedInterceptorKeys(p); err != nil {
+					return err
+				}
 				cfg.Interceptors = nil
 				for _, name := range interceptors {
 					cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
@@ -170,15 +173,18 @@ shutdown.timeout.ms) and exits 0.`,
 
 // warnUnusedInterceptorKeys logs the properties no built-in interceptor
 // reads (as produce and consume do for properties they do not support): a
-// typo would otherwise pass unnoticed. A mistyped large.message.* key is an
-// error already (a.props).
-func warnUnusedInterceptorKeys(p map[string]string) {
-	known := append(interceptor.Keys(), largemessage.Keys()...)
-	known = append(known, "key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
-		largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval, largemessage.KeyCompressionType)
-	for k := range p {
-		if !slices.Contains(known, k) && !strings.HasPrefix(k, "compression.") {
-			slog.Warn("property not read by the proxy's interceptors; ignored", "key", k)
+// typo would otherwise pass unnoticed. A key that looks like a misspelling
+// of one they read (keys.go) is a usage error.
+func warnUnusedInterceptorKeys(p map[string]string) error {
+	known := interceptorKeys()
+	for _, k := range props.Keys(p) {
+		if slices.Contains(known, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level") {
+			continue
 		}
+		if err := misspelledKey(k, known); err != nil {
+			return err
+		}
+		slog.Warn("property not read by the proxy's interceptors; ignored", "key", k)
 	}
+	return nil
 }
