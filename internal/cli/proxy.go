@@ -28,6 +28,7 @@ func (a *app) proxyCommand() *cobra.Command {
 		maxRequest                                      int32
 		interceptors                                    []string
 		store                                           string
+		logLevel                                        string
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy --upstream HOST:PORT[,HOST:PORT] --listen HOST:PORT",
@@ -112,13 +113,12 @@ shutdown.timeout.ms) and exits 0.`,
 			} else if store != "" {
 				return usageErrorf("--store is for the large-message interceptor: add --interceptors large-message")
 			}
-			level := slog.LevelInfo
-			if cmd.Flags().Changed("log-level") {
-				if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
-					return usageErrorf("--log-level %q: want debug, info, warn or error", a.logLevel)
-				}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageErrorf("--log-level %q: want debug, info, warn or error", logLevel)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			slog.SetDefault(cfg.Logger) // the interceptors' libraries log at the same level
 			s, err := proxy.New(cfg)
 			if err != nil {
 				if errors.Is(err, payloadstore.ErrInvalidConfig) || !errors.As(err, new(*payloadstore.Error)) {
@@ -168,6 +168,9 @@ shutdown.timeout.ms) and exits 0.`,
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
 	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
+	// The proxy's own --log-level, in place of the root's (warn): a server
+	// logs its listeners, endpoint changes and shutdown at info.
+	f.StringVar(&logLevel, "log-level", "info", "log level on stderr: debug, info, warn or error")
 	return cmd
 }
 
