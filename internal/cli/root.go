@@ -140,9 +140,11 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Produce and consume large Kafka messages through a payload store (KIP-1159)",
 		Long: `ferry moves records of any size through Apache Kafka: a record too large for
 its topic's max.message.bytes has its value (or key, or both) published to a
-payload store (s3://, gs://, azblob://, file://, mem://) and Kafka carries a
-small reference instead
-(KIP-1159 large messages). Consumers resolve the reference transparently.
+payload store and Kafka carries a small reference instead (KIP-1159 large
+messages). Consumers resolve the reference transparently.
+
+Payload stores (--store URL): ` + storeSchemes() + `, or a
+directory path (docs/OPERATIONS.md has each URL's form and credentials).
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
