@@ -44,8 +44,8 @@ func TestProducerDefaultProduceTopic(t *testing.T) {
 			t.Fatalf("record %q: topic %q offloaded %v; want %s, true", r.Key, r.Topic, largemessage.IsOffloaded(r), topic)
 		}
 	}
-	if objs, _ := filepath.Glob(filepath.Join(e.dir, topic, "*")); len(objs) < 3 {
-		t.Fatalf("store folder %s holds %d entries, want the 3 payloads", topic, len(objs))
+	if objs, _ := filepath.Glob(filepath.Join(e.dir, topic, "*", "*")); len(objs) != 3 { // <topic>/<shard>/<id>
+		t.Fatalf("store folder %s holds %d objects, want the 3 payloads", topic, len(objs))
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "_")); err == nil {
 		t.Fatal("a folder for an empty topic name exists")
