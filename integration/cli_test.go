@@ -57,7 +57,7 @@ func TestCLIProduceConsume100MiB(t *testing.T) {
 	if code := cli.Run(ctx, []string{"consume", "--brokers", b, "--topic", topic, "--store", store, "--out", outDir, "-n", "1"}, &out, &errb); code != 0 {
 		t.Fatalf("ferry consume exited %d: %s", code, errb.String())
 	}
-	got, err := os.ReadFile(filepath.Join(outDir, topic+"-0-0"))
+	got, err := os.ReadFile(filepath.Join(outDir, "payload.bin")) // the name produce sent
 	if err != nil {
 		t.Fatal(err)
 	}

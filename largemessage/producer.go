@@ -179,7 +179,15 @@ func (p *Producer) Client() *kgo.Client { return p.cl }
 // Kafka's default, with a warning, when the cluster cannot be asked), the
 // client's batch cap for it, and the threshold.
 func (p *Producer) Limits(ctx context.Context, topic string) Limits {
-	tc, err := p.configs.Get(ctx, topic)
+	var tc TopicConfig
+	var err error
+	if topic == "" {
+		// No topic to ask about (a record without one and no
+		// kgo.DefaultProduceTopic): offloading it fails with ErrNoTopic.
+		tc = TopicConfig{MaxMessageBytes: DefaultMaxMessageBytes}
+	} else {
+		tc, err = p.configs.Get(ctx, topic)
+	}
 	if err != nil {
 		slog.Warn("could not read max.message.bytes; assuming Kafka's default", "topic", topic, "bytes", DefaultMaxMessageBytes, "err", err)
 		tc = TopicConfig{MaxMessageBytes: DefaultMaxMessageBytes}
@@ -208,11 +216,23 @@ func (p *Producer) clientBatchMax(topic string) int64 {
 }
 
 // Prepare offloads rec as needed for its topic's limits; rec can then be
-// produced with the wrapped client as usual. (Produce and ProduceSync also
-// keep batches within the topic's limits; a record produced with the
-// client directly gets no such guard.)
+// produced with the wrapped client as usual. A record without a topic gets
+// the client's kgo.DefaultProduceTopic first, as kgo would give it. (Produce
+// and ProduceSync also keep batches within the topic's limits; a record
+// produced with the client directly gets no such guard.)
 func (p *Producer) Prepare(ctx context.Context, rec *kgo.Record) (Offloaded, error) {
+	p.defaultTopicFor(rec)
 	return p.ser.Offload(ctx, rec, p.Limits(ctx, rec.Topic))
+}
+
+// defaultTopicFor gives rec the client's kgo.DefaultProduceTopic when it
+// has no topic, as kgo does when it produces it: the record is sized for
+// that topic and its payload goes to that topic's folder. Without a default
+// the topic stays "" and offloading fails (kgo fails such a record too).
+func (p *Producer) defaultTopicFor(rec *kgo.Record) {
+	if rec.Topic == "" {
+		rec.Topic = p.defaultTopic
+	}
 }
 
 // ProduceSync prepares each record and produces them, waiting for the
@@ -235,9 +255,12 @@ func (p *Producer) ProduceSync(ctx context.Context, recs ...*kgo.Record) kgo.Pro
 
 // ProduceValue serializes key and value with the key.serializers and
 // value.serializers chains, then prepares and produces the record, waiting
-// for the acknowledgement. Errors: a stage's, Prepare's, or the broker's.
+// for the acknowledgement. topic "" is the client's kgo.DefaultProduceTopic
+// (the stages see that name). Errors: a stage's, Prepare's, or the broker's.
 func (p *Producer) ProduceValue(ctx context.Context, topic string, key, value any, headers ...kgo.RecordHeader) (*kgo.Record, error) {
 	rec := &kgo.Record{Topic: topic, Headers: headers}
+	p.defaultTopicFor(rec)
+	topic = rec.Topic
 	var err error
 	if key != nil {
 		if rec.Key, err = p.keySer.Serialize(ctx, topic, key); err != nil {
@@ -261,9 +284,7 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 	if promise == nil {
 		promise = func(*kgo.Record, error) {}
 	}
-	if rec.Topic == "" {
-		rec.Topic = p.defaultTopic // as kgo does; sized for that topic
-	}
+	p.defaultTopicFor(rec)
 	if p.tr != nil {
 		var span trace.Span
 		ctx, span = p.tr.StartSend(ctx, rec.Topic, -1, rec.Headers)

@@ -360,6 +360,9 @@ func (s *Serializer) planSide(rec *kgo.Record, sd side) (sidePlan, error) {
 	if s.store == nil {
 		return sidePlan{}, fmt.Errorf("topic %s: the %s (%d bytes) must be offloaded: %w", rec.Topic, sd.name, len(b), ErrNoPayloadStore)
 	}
+	if err := needTopic(rec, sd); err != nil {
+		return sidePlan{}, err
+	}
 	p := payloadstore.BytesPayload(b)
 	if sd == keySide {
 		p.ID = p.HexSHA256()
@@ -633,6 +636,9 @@ func (s *Serializer) PreviewValue(rec *kgo.Record, p payloadstore.Payload) (*kgo
 	if s.store == nil {
 		return nil, fmt.Errorf("topic %s: the value (%d bytes) must be offloaded: %w", rec.Topic, p.Size, ErrNoPayloadStore)
 	}
+	if err := needTopic(rec, valueSide); err != nil {
+		return nil, err
+	}
 	root := s.root()
 	if root == "" {
 		return nil, nil
@@ -653,9 +659,26 @@ func (s *Serializer) PreviewValue(rec *kgo.Record, p payloadstore.Payload) (*kgo
 // configured (large.message.payload.store.url).
 var ErrNoPayloadStore = errors.New("no payload store is configured (large.message.payload.store.url)")
 
+// ErrNoTopic: a record to offload has no topic, so its payload has no
+// folder. A Serializer takes the record's Topic as it is; Producer first
+// gives a record without one the client's kgo.DefaultProduceTopic.
+var ErrNoTopic = errors.New("the record has no topic (set Record.Topic, or kgo.DefaultProduceTopic on the Producer's client)")
+
+// needTopic fails with ErrNoTopic when rec has no topic to name the folder
+// of the payload of its side sd.
+func needTopic(rec *kgo.Record, sd side) error {
+	if rec.Topic == "" {
+		return fmt.Errorf("the %s must be offloaded: %w", sd.name, ErrNoTopic)
+	}
+	return nil
+}
+
 func (s *Serializer) offloadSide(ctx context.Context, rec *kgo.Record, sd side, p payloadstore.Payload, did *Offloaded) error {
 	if s.store == nil {
 		return fmt.Errorf("topic %s: the %s (%d bytes) must be offloaded: %w", rec.Topic, sd.name, p.Size, ErrNoPayloadStore)
+	}
+	if err := needTopic(rec, sd); err != nil {
+		return err
 	}
 	pl := &Plan{s: s, rec: rec, sides: []sidePlan{{sd: sd, p: p}}}
 	if _, err := pl.Commit(ctx); err != nil {

@@ -163,10 +163,10 @@ func TestProduceConsumeRoundTrip(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("consume: exit %d", r.code)
 	}
-	if got := fileSHA(t, filepath.Join(out, "t-0-0")); got != bigSum {
+	if got := fileSHA(t, filepath.Join(out, "big.bin")); got != bigSum {
 		t.Errorf("5 MiB file: SHA-256 %x, want %x", got, bigSum)
 	}
-	if got := fileSHA(t, filepath.Join(out, "t-0-1")); got != smallSum {
+	if got := fileSHA(t, filepath.Join(out, "small.txt")); got != smallSum {
 		t.Errorf("small file: SHA-256 %x, want %x", got, smallSum)
 	}
 	if got := fileSHA(t, filepath.Join(out, "t-0-2")); got != sha256.Sum256(stdinBig) {
@@ -175,7 +175,7 @@ func TestProduceConsumeRoundTrip(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(out, "t-0-3")); string(b) != "hello" {
 		t.Errorf("small stdin: %q", b)
 	}
-	if !strings.Contains(r.stdout, "t/0@0 5242880 bytes offloaded key=\"big.bin\" -> "+filepath.Join(out, "t-0-0")) {
+	if !strings.Contains(r.stdout, "t/0@0 5242880 bytes offloaded key=\"big.bin\" -> "+filepath.Join(out, "big.bin")) {
 		t.Errorf("consume output %q", r.stdout)
 	}
 
@@ -215,7 +215,7 @@ func TestProduceCompressedInline(t *testing.T) {
 	}
 	out := filepath.Join(dir, "out")
 	r = run(t, nil, "consume", "--brokers", brokers, "--topic", "t", "--out", out, "-n", "1")
-	if r.code != 0 || fileSHA(t, filepath.Join(out, "t-0-0")) != sha256.Sum256(content) {
+	if r.code != 0 || fileSHA(t, filepath.Join(out, "text")) != sha256.Sum256(content) {
 		t.Fatalf("consume: exit %d", r.code)
 	}
 }
@@ -277,10 +277,10 @@ func TestConsumeMissingPayload(t *testing.T) {
 	if !strings.Contains(r.stderr, "skipped") {
 		t.Errorf("no warning for the skipped record: %q", r.stderr)
 	}
-	if _, err := os.Stat(filepath.Join(out, "t-0-0")); err == nil {
+	if _, err := os.Stat(filepath.Join(out, "big")); err == nil {
 		t.Errorf("a file was written for the skipped record")
 	}
-	if fileSHA(t, filepath.Join(out, "t-0-1")) != smallSum {
+	if fileSHA(t, filepath.Join(out, "small")) != smallSum {
 		t.Errorf("record after the skipped one differs")
 	}
 }
@@ -356,7 +356,7 @@ func TestConfigFileSuppliesBrokersAndStore(t *testing.T) {
 	}
 	out := filepath.Join(dir, "out")
 	r = run(t, nil, "--config", cfg, "consume", "--topic", "t", "-o", out, "-n", "1")
-	if r.code != 0 || fileSHA(t, filepath.Join(out, "t-0-0")) != sum {
+	if r.code != 0 || fileSHA(t, filepath.Join(out, "big")) != sum {
 		t.Fatalf("exit %d", r.code)
 	}
 }

@@ -35,12 +35,20 @@ func (a *app) consumeCommand() *cobra.Command {
 		Long: `Consume TOPIC without a consumer group, from the start of every partition
 (--from-beginning=false: only new records). Each record's value is resolved
 through the payload store as it streams, its size and SHA-256 checked against
-the record's headers, and written to DIR/TOPIC-PARTITION-OFFSET (--out DIR;
-the file appears only once it checked out) or to standard output, values
-back to back (there a value streams out as it is read, so a digest mismatch
-is reported after its bytes were written). With --out, one line per record
-goes to standard output:
+the record's headers, and written to a file in DIR (--out DIR; the file
+appears only once it checked out) or to standard output, values back to back
+(there a value streams out as it is read, so a digest mismatch is reported
+after its bytes were written). With --out, one line per record goes to
+standard output:
   TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded key="KEY" -> FILE
+
+The file is named after the file ferry produce sent (its base name, carried
+in the header ferry.file.name), e.g. DIR/big.iso, and replaces a file of that
+name in DIR. A record without that name (produced from standard input or by
+another client) is written to DIR/TOPIC-PARTITION-OFFSET. A name written
+before in the same run gets TOPIC-PARTITION-OFFSET- in front
+(DIR/docs-0-7-big.iso), so no record replaces another's. A name that has a
+directory part, starts with '.', or holds control characters is not used.
 
 ferry stops after -n N records, or once no record has arrived for
 --timeout (default 10s; 0 waits for ever, until Ctrl-C). Ctrl-C (SIGINT) or
@@ -60,7 +68,7 @@ missing: then it is reported as a warning and skipped.`,
 	fl.StringVar(&f.brokers, "brokers", "", "Kafka bootstrap servers, `HOST:PORT[,...]` (property bootstrap.servers)")
 	fl.StringVarP(&f.topic, "topic", "t", "", "topic to consume (required)")
 	fl.StringVar(&f.store, "store", "", "payload store `URL` or directory (property "+largemessage.KeyStoreURL+")")
-	fl.StringVarP(&f.out, "out", "o", "", "write each value to `DIR`/TOPIC-PARTITION-OFFSET instead of standard output")
+	fl.StringVarP(&f.out, "out", "o", "", "write each value to a file in `DIR`, named as the file produce sent (else TOPIC-PARTITION-OFFSET), instead of standard output")
 	fl.IntVarP(&f.n, "count", "n", 0, "stop after `N` records (0: no limit), records skipped by large.message.skip.not.found.error included, as Kafka's console consumer counts --max-messages")
 	fl.BoolVar(&f.fromBeginning, "from-beginning", true, "start at the earliest offset of each partition (false: the latest)")
 	fl.DurationVar(&f.idle, "timeout", defaultIdle, "stop when no record arrives for this `DURATION` (0: wait for ever)")
@@ -113,8 +121,9 @@ type consumer struct {
 	out    string
 	stdout io.Writer
 
-	last    *kgo.Record // the last record written out
-	partial bool        // a value was cut short on standard output
+	last    *kgo.Record     // the last record written out
+	partial bool            // a value was cut short on standard output
+	written map[string]bool // the names written under out in this run (outputName)
 }
 
 // stopped is the error of a consume interrupted (ctx ended) after done
@@ -219,7 +228,11 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		}
 		return nil
 	}
-	name := filepath.Join(c.out, fmt.Sprintf("%s-%d-%d", r.Topic, r.Partition, r.Offset))
+	if c.written == nil {
+		c.written = map[string]bool{}
+	}
+	base := outputName(r, c.written)
+	name := filepath.Join(c.out, base)
 	tmp, err := os.CreateTemp(c.out, ".ferry-*")
 	if err != nil {
 		return err
@@ -238,6 +251,7 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		os.Remove(tmp.Name())
 		return c.recordErr(r, err)
 	}
+	c.written[base] = true
 	how := "inline"
 	if offloaded {
 		how = "offloaded"

@@ -2,7 +2,11 @@ package cli
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,7 +48,71 @@ func TestConsumeResolveTopics(t *testing.T) {
 	}
 	r = run(t, nil, "consume", "--brokers", brokers, "-t", "t", "--store", store, "--out", out, "-n", "1",
 		"-X", "large.message.reference.resolve.topics=a")
-	if r.code != 0 || fileSHA(t, filepath.Join(out, "t-0-0")) != sum {
+	if r.code != 0 || fileSHA(t, filepath.Join(out, "big")) != sum {
 		t.Fatalf("with large.message.reference.resolve.topics=a: exit %d", r.code)
+	}
+}
+
+// consume --out names each file after the file produce sent it from
+// (header ferry.file.name); standard input and records of other producers
+// get TOPIC-PARTITION-OFFSET; a name seen before in the run gets the
+// record's TOPIC-PARTITION-OFFSET- in front; a name that could leave the
+// directory or hide in it is not used.
+func TestConsumeOutNames(t *testing.T) {
+	brokers := newCluster(t)
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(filepath.Join(dir, "v2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	report, reportSum := randomFile(t, dir, "report.pdf", 2<<20, 30) // offloaded
+	report2, report2Sum := randomFile(t, filepath.Join(dir, "v2"), "report.pdf", 100, 31)
+	if r := run(t, nil, "produce", "--brokers", brokers, "-t", "t", "--store", store, report, report2); r.code != 0 {
+		t.Fatalf("produce: exit %d", r.code)
+	}
+	if r := run(t, strings.NewReader("from stdin"), "produce", "--brokers", brokers, "-t", "t", "-"); r.code != 0 {
+		t.Fatalf("produce -: exit %d", r.code)
+	}
+	// Names another producer might send.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.DefaultProduceTopic("t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bad := []string{"../escape", "/etc/passwd", ".bashrc", "a/b", `a\b`, "..", "tab\there", strings.Repeat("x", 256), ""}
+	for _, n := range bad {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Value: []byte(n), Headers: []kgo.RecordHeader{{Key: headerFileName, Value: []byte(n)}}}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(dir, "out")
+	total := 3 + len(bad)
+	r := run(t, nil, "consume", "--brokers", brokers, "-t", "t", "--store", store, "--out", out, "-n", strconv.Itoa(total))
+	if r.code != 0 {
+		t.Fatalf("consume: exit %d", r.code)
+	}
+	if fileSHA(t, filepath.Join(out, "report.pdf")) != reportSum || fileSHA(t, filepath.Join(out, "t-0-1-report.pdf")) != report2Sum {
+		t.Error("report.pdf and its second version t-0-1-report.pdf differ from what was produced")
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "t-0-2")); string(b) != "from stdin" {
+		t.Errorf("standard input's record: %q", b)
+	}
+	for i, n := range bad {
+		name := filepath.Join(out, fmt.Sprintf("t-0-%d", 3+i))
+		if b, err := os.ReadFile(name); err != nil || string(b) != n {
+			t.Errorf("record with file name %q: %s holds %q, %v", n, name, b, err)
+		}
+	}
+	ents, _ := os.ReadDir(out)
+	if len(ents) != total {
+		t.Errorf("%d files in --out, want %d", len(ents), total)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "escape")); err == nil {
+		t.Error("a file was written outside --out")
+	}
+	if !strings.Contains(r.stdout, "t/0@1 100 bytes inline key=\"report.pdf\" -> "+filepath.Join(out, "t-0-1-report.pdf")+"\n") {
+		t.Errorf("consume output %q", r.stdout)
 	}
 }

@@ -199,7 +199,7 @@ func (a *app) demo(ctx context.Context, f demoFlags) error {
 	mems = append(mems, mem{"in-memory", "memory-1.5MiB", 3 << 19}, mem{"in-memory", "memory-3MiB", 3 << 20})
 	for _, m := range mems {
 		v := randBytes(m.n)
-		res, err := snd.sendBytes(ctx, demoTopic, m.key, []byte(m.key), v)
+		res, err := snd.sendBytes(ctx, demoTopic, m.key, []byte(m.key), v, nil)
 		if err != nil {
 			return err
 		}

@@ -80,14 +80,15 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 
 // warnIgnored warns about properties ferry does not apply, so that a
 // setting such as ssl.cipher.suites is not dropped silently (the security
-// keys kafkaconf reads are applied, or refused with an error).
+// keys kafkaconf reads are applied, or refused with an error); a key that
+// looks like a misspelling of one it reads (keys.go) is a usage error.
 func warnIgnored(p map[string]string) error {
 	for _, k := range props.Keys(p) {
 		switch {
-		case k == keyBootstrap, k == keyClientID, k == keyMaxRequestSize, kafkaconf.Handles(k),
-			k == largemessage.KeyCompressionType, k == largemessage.KeyMaxBlock, k == largemessage.KeyMaxPollInterval,
-			slices.Contains(largemessage.Keys(), k),
+		case slices.Contains(clientKeys(), k),
 			strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
+		case misspelledKey(k, clientKeys()) != nil:
+			return misspelledKey(k, clientKeys())
 		case strings.HasPrefix(k, "large.message."):
 			// Ferry's own namespace: an unknown key there is a typo.
 			return usageErrorf("unknown property %s (the large.message.* keys are: %s)", k, strings.Join(largemessage.Keys(), ", "))

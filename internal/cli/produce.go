@@ -27,7 +27,8 @@ func (a *app) produceCommand() *cobra.Command {
 		Short: "Produce each FILE (or standard input, \"-\") as one record",
 		Long: `Produce each FILE as one record: the value is the file's bytes, the key is
 --key or the file's base name (standard input, "-", has no key unless --key
-is given).
+is given). The base name also travels in the header ferry.file.name, so that
+ferry consume --out DIR restores the file under its name.
 
 A file larger than the topic accepts inline (its max.message.bytes, the
 client's max.request.size, large.message.threshold.bytes) is streamed: it is

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"io"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -16,14 +17,24 @@ func (s *sender) bar(total int64, desc string) *progress {
 	if !s.progress {
 		return nil
 	}
+	return newBar(s.stderr, total, desc)
+}
+
+// newBar draws a byte-count bar of total bytes (-1: a spinner) on w at
+// once: the bar's clock starts now, so its first rate is the bytes counted
+// over the time since it appeared (progressbar's clock would otherwise
+// start at the first update, and a first 64 KiB read in microseconds
+// would read as hundreds of GB/s). It is redrawn at most every 100 ms.
+func newBar(w io.Writer, total int64, desc string) *progress {
 	return &progress{bar: progressbar.NewOptions64(total,
-		progressbar.OptionSetWriter(s.stderr),
+		progressbar.OptionSetWriter(w),
 		progressbar.OptionSetDescription(desc),
 		progressbar.OptionShowBytes(true),
 		progressbar.OptionSetWidth(30),
 		progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionSetPredictTime(true),
 		progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetRenderBlankState(true),
 	)}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/props"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/observe"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -33,6 +34,7 @@ func (a *app) proxyCommand() *cobra.Command {
 		maxRequest                                      int32
 		interceptors                                    []string
 		store                                           string
+		logLevel                                        string
 	)
 	cmd := &cobra.Command{
 		Use:   "proxy --upstream HOST:PORT[,HOST:PORT] --listen HOST:PORT",
@@ -67,13 +69,12 @@ that need a restart are named in a warning).`,
 			if err != nil {
 				return err
 			}
-			level := slog.LevelInfo
-			if cmd.Flags().Changed("log-level") {
-				if err := level.UnmarshalText([]byte(a.logLevel)); err != nil {
-					return usageErrorf("--log-level %q: want debug, info, warn or error", a.logLevel)
-				}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageErrorf("--log-level %q: want debug, info, warn or error", logLevel)
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			slog.SetDefault(cfg.Logger) // the interceptors' libraries log at the same level
 			s, err := proxy.New(cfg)
 			if err != nil {
 				if errors.Is(err, payloadstore.ErrInvalidConfig) || !errors.As(err, new(*payloadstore.Error)) {
@@ -144,6 +145,9 @@ that need a restart are named in a warning).`,
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
 	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
+	// The proxy's own --log-level, in place of the root's (warn): a server
+	// logs its listeners, endpoint changes and shutdown at info.
+	f.StringVar(&logLevel, "log-level", "info", "log level on stderr: debug, info, warn or error")
 	return cmd
 }
 
@@ -239,7 +243,9 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 		if err := a.applyStoreURL(p, store); err != nil {
 			return cfg, err
 		}
-		warnUnusedInterceptorKeys(p)
+		if err := warnUnusedInterceptorKeys(p); err != nil {
+			return cfg, err
+		}
 		cfg.Interceptors = nil
 		for _, name := range interceptors {
 			cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
@@ -252,15 +258,18 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 
 // warnUnusedInterceptorKeys logs the properties no built-in interceptor
 // reads (as produce and consume do for properties they do not support): a
-// typo would otherwise pass unnoticed. A mistyped large.message.* key is an
-// error already (a.props).
-func warnUnusedInterceptorKeys(p map[string]string) {
-	known := append(interceptor.Keys(), largemessage.Keys()...)
-	known = append(known, "key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
-		largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval, largemessage.KeyCompressionType)
-	for k := range p {
-		if !slices.Contains(known, k) && !strings.HasPrefix(k, "compression.") {
-			slog.Warn("property not read by the proxy's interceptors; ignored", "key", k)
+// typo would otherwise pass unnoticed. A key that looks like a misspelling
+// of one they read (keys.go) is a usage error.
+func warnUnusedInterceptorKeys(p map[string]string) error {
+	known := interceptorKeys()
+	for _, k := range props.Keys(p) {
+		if slices.Contains(known, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level") {
+			continue
 		}
+		if err := misspelledKey(k, known); err != nil {
+			return err
+		}
+		slog.Warn("property not read by the proxy's interceptors; ignored", "key", k)
 	}
+	return nil
 }

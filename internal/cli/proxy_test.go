@@ -132,3 +132,39 @@ func TestProxyCommandBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// The proxy's log level defaults to info and its --help says so; the other
+// commands' default is warn and the root's --help says that. Given before
+// or after "proxy", --log-level warn silences the INFO lines.
+func TestProxyLogLevel(t *testing.T) {
+	if r := run(t, nil, "proxy", "--help"); !regexp.MustCompile(`--log-level string +log level on stderr: debug, info, warn or error \(default "info"\)`).MatchString(r.stdout) {
+		t.Errorf("proxy --help does not give info as the default log level:\n%s", r.stdout)
+	}
+	if r := run(t, nil, "--help"); !strings.Contains(r.stdout, `(default "warn")`) {
+		t.Errorf("--help does not give warn as the default log level:\n%s", r.stdout)
+	}
+	upstream := newCluster(t)
+	for _, c := range []struct {
+		args     []string
+		wantInfo bool
+	}{
+		{[]string{"proxy", "--upstream", upstream, "--listen", "127.0.0.1:0"}, true},
+		{[]string{"proxy", "--log-level", "warn", "--upstream", upstream, "--listen", "127.0.0.1:0"}, false},
+		{[]string{"--log-level", "warn", "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0"}, false},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var stdout, stderr lockedBuffer
+		done := make(chan int, 1)
+		go func() { done <- RunIO(ctx, c.args, strings.NewReader(""), &stdout, &stderr) }()
+		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(stdout.String(), "bootstrap") && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		cancel()
+		if code := <-done; code != ExitOK {
+			t.Fatalf("%v: exit %d; stderr:\n%s", c.args, code, stderr.String())
+		}
+		if got := strings.Contains(stderr.String(), `level=INFO msg="proxy listening"`); got != c.wantInfo {
+			t.Errorf("%v: INFO lines logged %v, want %v; stderr:\n%s", c.args, got, c.wantInfo, stderr.String())
+		}
+	}
+}

@@ -103,7 +103,7 @@ func RunIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err == nil {
 		return ExitOK
 	}
-	msg := oneLine(foldSuggestion(err.Error()))
+	msg := oneLine(err.Error())
 	var intr *Interrupted
 	if ctx.Err() != nil && errors.As(context.Cause(ctx), &intr) {
 		if !strings.Contains(msg, intr.Error()) {
@@ -140,9 +140,11 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Produce and consume large Kafka messages through a payload store (KIP-1159)",
 		Long: `ferry moves records of any size through Apache Kafka: a record too large for
 its topic's max.message.bytes has its value (or key, or both) published to a
-payload store (s3://, gs://, azblob://, file://, mem://) and Kafka carries a
-small reference instead
-(KIP-1159 large messages). Consumers resolve the reference transparently.
+payload store and Kafka carries a small reference instead (KIP-1159 large
+messages). Consumers resolve the reference transparently.
+
+Payload stores (--store URL): ` + storeSchemes() + `, or a
+directory path (docs/OPERATIONS.md has each URL's form and credentials).
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
@@ -162,11 +164,15 @@ signal stops it (it drains its connections first).`,
 			a.ran = true
 			return a.setupLogging()
 		},
+		// Runnable, so that its Args (a misspelled command) is checked.
+		Args: unknownCommand,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	root.SetHelpCommand(helpCommand(root))
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.configFile, "config", "", "Kafka-style properties `FILE` (e.g. client.properties)")
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
-	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error (ferry proxy: info unless set)")
+	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error (ferry proxy: its own, default info)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErrorf("%v", err) })
 	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand(), a.gcCommand(), a.proxyCommand())
 	for _, c := range root.Commands() {
@@ -214,17 +220,6 @@ func (e *usageError) Unwrap() error { return e.err }
 
 func usageErrorf(format string, args ...any) error {
 	return &usageError{err: fmt.Errorf(format, args...)}
-}
-
-// foldSuggestion turns cobra's "unknown command" advice, which spans lines
-// ("...\n\nDid you mean this?\n\tproduce\n"), into "... (did you mean
-// produce?)".
-func foldSuggestion(s string) string {
-	head, tail, ok := strings.Cut(s, "\n\nDid you mean this?\n")
-	if !ok {
-		return s
-	}
-	return head + " (did you mean " + strings.Join(strings.Fields(tail), " or ") + "?)"
 }
 
 // oneLine folds a multi-line error (errors.Join) onto one line.

@@ -242,9 +242,9 @@ func (s *sender) cutoff(ctx context.Context, topic string) (largemessage.Limits,
 
 // sendBytes produces value through the Producer, which decides exactly
 // whether to offload.
-func (s *sender) sendBytes(ctx context.Context, topic, name string, key, value []byte) (sent, error) {
+func (s *sender) sendBytes(ctx context.Context, topic, name string, key, value []byte, hs []kgo.RecordHeader) (sent, error) {
 	out := sent{Name: name, Size: int64(len(value)), SHA256: sha256.Sum256(value)}
-	d := s.deliver(ctx, &kgo.Record{Topic: topic, Key: key, Value: value}, true)
+	d := s.deliver(ctx, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: hs}, true)
 	if d.err == nil {
 		return s.result(out, d.rec), nil
 	}
@@ -254,7 +254,7 @@ func (s *sender) sendBytes(ctx context.Context, topic, name string, key, value [
 	case errors.Is(err, errNoStore):
 		l := s.prod.Limits(ctx, topic)
 		err = fmt.Errorf("the record (%d bytes) is over the threshold of topic %s (%d bytes) and must be offloaded, but %w",
-			largemessage.RecordLen(key, value, nil), topic, l.Threshold, errNoStore)
+			largemessage.RecordLen(key, value, hs), topic, l.Threshold, errNoStore)
 	case errors.Is(err, largemessage.ErrRecordTooLarge):
 		err = s.tooLarge(ctx, topic, "key and value", "", err)
 	}
@@ -269,7 +269,8 @@ func (s *sender) result(out sent, r *kgo.Record) sent {
 	return out
 }
 
-// sendFile produces the file at path as one record.
+// sendFile produces the file at path as one record, with its base name
+// in the header ferry.file.name (consume --out names the file after it).
 func (s *sender) sendFile(ctx context.Context, topic, name string, key []byte, path string) (sent, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -283,23 +284,23 @@ func (s *sender) sendFile(ctx context.Context, topic, name string, key []byte, p
 	if !st.Mode().IsRegular() {
 		return sent{Name: name}, fmt.Errorf("%s: not a regular file", path)
 	}
-	return s.sendOpen(ctx, topic, name, key, f, st.Size())
+	return s.sendOpen(ctx, topic, name, key, f, st.Size(), fileNameHeaders(path))
 }
 
 // sendOpen produces the open file f of size bytes.
-func (s *sender) sendOpen(ctx context.Context, topic, name string, key []byte, f *os.File, size int64) (sent, error) {
+func (s *sender) sendOpen(ctx context.Context, topic, name string, key []byte, f *os.File, size int64, hs []kgo.RecordHeader) (sent, error) {
 	l, cut := s.cutoff(ctx, topic)
 	if size <= cut {
 		b := make([]byte, size)
 		if _, err := f.ReadAt(b, 0); err != nil && !(errors.Is(err, io.EOF) && size == 0) {
 			return sent{Name: name}, fmt.Errorf("%s: %w", name, err)
 		}
-		return s.sendBytes(ctx, topic, name, key, b)
+		return s.sendBytes(ctx, topic, name, key, b, hs)
 	}
 	if !s.hasStore {
 		return sent{Name: name}, s.needStore(name, size, topic, l)
 	}
-	return s.stream(ctx, topic, name, key, f, size)
+	return s.stream(ctx, topic, name, key, f, size, hs)
 }
 
 func (s *sender) needStore(name string, size int64, topic string, l largemessage.Limits) error {
@@ -322,7 +323,7 @@ func (s *sender) keyBesideReference(ctx context.Context, topic, name string, rec
 
 // stream offloads f without reading it into memory, then produces the
 // reference.
-func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *os.File, size int64) (sent, error) {
+func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *os.File, size int64, hs []kgo.RecordHeader) (sent, error) {
 	out := sent{Name: name, Size: size}
 	// The store hashes the file as it writes it (one pass) unless it needs
 	// the digest first (a content id, a cloud store): then it is hashed
@@ -342,7 +343,7 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 	}
 	// Decided before anything is published: the key is not offloaded
 	// here, so it must fit beside the reference the value will get.
-	if pre, err := s.prod.Serializer().PreviewValue(&kgo.Record{Topic: topic, Key: key}, p); err != nil {
+	if pre, err := s.prod.Serializer().PreviewValue(&kgo.Record{Topic: topic, Key: key, Headers: hs}, p); err != nil {
 		return out, &sendError{name: name, err: fmt.Errorf("offloading: %w", err)}
 	} else if pre != nil {
 		if err := s.keyBesideReference(ctx, topic, name, pre); err != nil {
@@ -354,7 +355,7 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 		defer body.bar.finish()
 		p.Body = body
 	}
-	rec := &kgo.Record{Topic: topic, Key: key}
+	rec := &kgo.Record{Topic: topic, Key: key, Headers: hs}
 	// A file changed since it was hashed fails here with
 	// payloadstore.ErrPayloadChanged, its object deleted; an interrupted
 	// upload is aborted.
@@ -384,7 +385,7 @@ func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, 
 		return sent{Name: name}, fmt.Errorf("reading standard input: %w", err)
 	}
 	if int64(len(head)) <= cut {
-		return s.sendBytes(ctx, topic, name, key, head)
+		return s.sendBytes(ctx, topic, name, key, head, nil)
 	}
 	if !s.hasStore {
 		return sent{Name: name}, fmt.Errorf("standard input (more than %d bytes) is larger than topic %s accepts inline (threshold %d bytes) and must be offloaded, but %w",
@@ -408,7 +409,7 @@ func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, 
 		return sent{Name: name}, fmt.Errorf("spooling standard input to %s: %w", tmp.Name(), err)
 	}
 	slog.Debug("standard input spooled", "file", tmp.Name(), "bytes", n)
-	return s.stream(ctx, topic, name, key, tmp, n)
+	return s.stream(ctx, topic, name, key, tmp, n, nil)
 }
 
 // hashWithProgress is payloadstore.FilePayload with cancellation and a

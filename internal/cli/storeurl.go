@@ -20,6 +20,25 @@ var storeForms = map[string]string{
 	"mem":    "mem://NAME",
 }
 
+// storeSchemes lists the registered store schemes (payloadstore.Schemes)
+// for help texts, "s3://, gs://, azblob://, file://, mem://": those of
+// storeForms in that order, then any other in the registry.
+func storeSchemes() string {
+	order := []string{"s3", "gs", "azblob", "file", "mem"}
+	var out []string
+	for _, s := range order {
+		if slices.Contains(payloadstore.Schemes(), s) {
+			out = append(out, s+"://")
+		}
+	}
+	for _, s := range payloadstore.Schemes() {
+		if !slices.Contains(order, s) {
+			out = append(out, s+"://")
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
 // parseStoreURL checks a payload store URL strictly, or turns a plain
 // directory path into file://ABS. A string with a ':' before any '/' (other
 // than a drive letter, C:\ or C:/, on Windows) is taken as a URL, never as a

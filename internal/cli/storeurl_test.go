@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/ferrykit/ferry/payloadstore"
 )
 
 const knownSchemes = "(known schemes: azblob, file, gs, mem, s3)"
@@ -164,5 +166,18 @@ func TestStoreDirectoryPath(t *testing.T) {
 	want := "t/0@0 2097152 bytes offloaded file://" + filepath.ToSlash(filepath.Join(dir, "payloads")) + "/t/"
 	if r.code != 0 || !strings.HasPrefix(r.stdout, want) {
 		t.Fatalf("exit %d, stdout %q; want %q...", r.code, r.stdout, want)
+	}
+}
+
+// The root's --help names every registered store scheme.
+func TestHelpListsEveryStoreScheme(t *testing.T) {
+	r := run(t, nil, "--help")
+	if len(payloadstore.Schemes()) < 5 {
+		t.Fatalf("registered schemes: %v", payloadstore.Schemes())
+	}
+	for _, s := range payloadstore.Schemes() {
+		if !strings.Contains(r.stdout, " "+s+"://") {
+			t.Errorf("--help does not name %s://:\n%s", s, r.stdout)
+		}
 	}
 }

@@ -1,0 +1,52 @@
+package cli
+
+import (
+	"slices"
+
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/kafkaconf"
+	"github.com/ferrykit/ferry/largemessage"
+)
+
+// The properties (--config, -X) each kind of command reads: the one place
+// to add a key. A key that is not listed is passed over with a warning
+// (a Kafka client setting ferry has no use for, say), unless it is one or
+// two edits from a listed key: then it is taken for a misspelling and is a
+// usage error naming the key it is near (misspelledKey), so that
+// "large.mesage.threshold.bytes" cannot silently leave the default in force.
+
+// clientKeys are the properties ferry produce, consume and gc read.
+func clientKeys() []string {
+	return append([]string{
+		keyBootstrap, keyClientID, keyMaxRequestSize,
+		largemessage.KeyCompressionType, largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval,
+		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
+	}, append(largemessage.Keys(), kafkaconf.Keys()...)...)
+}
+
+// interceptorKeys are the properties the proxy's built-in interceptors read
+// (ferry proxy --interceptors NAME with -X).
+func interceptorKeys() []string {
+	return slices.Concat(interceptor.Keys(), largemessage.Keys(), []string{
+		"key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
+		largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval, largemessage.KeyCompressionType,
+		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
+	})
+}
+
+// kafkaKeysNearOurs are Kafka client properties that are a typo's distance
+// from a key above; they are Kafka's own names, not misspellings, and stay
+// warnings. (TestKafkaKeysAreNotTypos checks every Java client key.)
+var kafkaKeysNearOurs = []string{"key.serializer", "value.serializer", "key.deserializer", "value.deserializer"}
+
+// misspelledKey is a usage error when key, which is not in known, is
+// likely a misspelling of keys in known (nearest); nil otherwise.
+func misspelledKey(key string, known []string) error {
+	if slices.Contains(kafkaKeysNearOurs, key) {
+		return nil
+	}
+	if near := nearest(key, known, false); len(near) > 0 {
+		return usageErrorf("unknown property %s (did you mean %s?)", key, orList(near))
+	}
+	return nil
+}
