@@ -208,7 +208,7 @@ func TestCLIProduceConsumeS3OneGiB(t *testing.T) {
 	rssConsume, _ := runFerry(t, bin, "consume", "--brokers", b, "--topic", topic, "--store", raw, "--out", outDir, "-n", "1")
 	os.Remove(src)
 
-	g, err := os.Open(filepath.Join(outDir, topic+"-0-0"))
+	g, err := os.Open(filepath.Join(outDir, filepath.Base(src))) // named after the file produce sent (ferry.file.name)
 	if err != nil {
 		t.Fatal(err)
 	}

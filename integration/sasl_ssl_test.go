@@ -202,7 +202,7 @@ func cliRoundTripAndGC(t *testing.T, propsFile, topic string, direct *kgo.Client
 	ref := valuePath(t, fs.Records()[0])
 	outDir := filepath.Join(dir, "out")
 	run("consume", "--out", outDir, "-n", "1")
-	got, err := os.ReadFile(filepath.Join(outDir, topic+"-0-0"))
+	got, err := os.ReadFile(filepath.Join(outDir, filepath.Base(src))) // named after the file produce sent (ferry.file.name)
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("consumed %d bytes (err %v), want the 3 MiB file", len(got), err)
 	}
