@@ -230,14 +230,14 @@ func TestProduceNeedsStoreOnlyForLargeRecords(t *testing.T) {
 		t.Fatalf("small without store: exit %d %q", r.code, r.stdout)
 	}
 	r = run(t, nil, "produce", "--brokers", brokers, "--topic", "t", small, big)
-	if r.code != 1 || r.stdout != "" {
-		t.Fatalf("large without store: exit %d, stdout %q (want 1, nothing produced)", r.code, r.stdout)
+	if r.code != 2 || r.stdout != "" {
+		t.Fatalf("large without store: exit %d, stdout %q (want 2, a configuration error; nothing produced)", r.code, r.stdout)
 	}
 	oneErrorLine(t, r, "must be offloaded, but no payload store is set: use --store")
 
 	r = run(t, bytes.NewReader(make([]byte, 2<<20)), "produce", "--brokers", brokers, "--topic", "t", "-")
-	if r.code != 1 {
-		t.Fatalf("large stdin without store: exit %d", r.code)
+	if r.code != 2 {
+		t.Fatalf("large stdin without store: exit %d, want 2", r.code)
 	}
 	oneErrorLine(t, r, "standard input (more than 999947 bytes)")
 }

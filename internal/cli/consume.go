@@ -184,6 +184,10 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 		if len(recs) == 0 && timedOut {
 			if max > 0 {
 				slog.Warn(fmt.Sprintf("no new record for %s; stopping after %d of %d records", idle, done, max))
+			} else if done == 0 {
+				// Said at the default level: an empty topic (or a wrong
+				// name) is not mistaken for success in silence.
+				slog.Warn(fmt.Sprintf("no record arrived within --timeout %s; stopping with none", idle))
 			} else {
 				slog.Info("no new record; stopping", "timeout", idle, "records", done)
 			}

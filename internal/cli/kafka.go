@@ -276,7 +276,8 @@ func (s *settings) openStore(ctx context.Context) (payloadstore.PayloadStore, er
 func redactURL(raw string) string { return payloadstore.RedactURL(raw) }
 
 // errNoStore: a record had to go through the payload store but none is set.
-var errNoStore = errors.New("no payload store is set: use --store URL or -X " + largemessage.KeyStoreURL + "=URL (e.g. file:///var/ferry)")
+// A configuration error, so exit 2 (a *usageError anywhere in the chain).
+var errNoStore error = &usageError{err: errors.New("no payload store is set: use --store URL or -X " + largemessage.KeyStoreURL + "=URL (e.g. file:///var/ferry)")}
 
 // noStore is the PayloadStore used when none is configured.
 type noStore struct{}

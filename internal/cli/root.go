@@ -136,8 +136,9 @@ type app struct {
 
 func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
-		Use:   "ferry",
-		Short: "Produce and consume large Kafka messages through a payload store (KIP-1159)",
+		Use:     "ferry",
+		Version: version(),
+		Short:   "Produce and consume large Kafka messages through a payload store (KIP-1159)",
 		Long: `ferry moves records of any size through Apache Kafka: a record too large for
 its topic's max.message.bytes has its value (or key, or both) published to a
 payload store and Kafka carries a small reference instead (KIP-1159 large
@@ -174,7 +175,7 @@ signal stops it (it drains its connections first).`,
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
 	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error (ferry proxy: its own, default info)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErrorf("%v", err) })
-	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand(), a.gcCommand(), a.proxyCommand())
+	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand(), a.gcCommand(), a.proxyCommand(), a.versionCommand())
 	for _, c := range root.Commands() {
 		c.SilenceUsage, c.SilenceErrors = true, true
 	}

@@ -63,3 +63,12 @@ func TestEditDistance(t *testing.T) {
 		}
 	}
 }
+
+func TestVersion(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		r := run(t, nil, args...)
+		if r.code != 0 || !strings.HasPrefix(r.stdout, "ferry version ") || !strings.Contains(r.stdout, "go1.") {
+			t.Fatalf("ferry %v: exit %d, stdout %q", args, r.code, r.stdout)
+		}
+	}
+}
