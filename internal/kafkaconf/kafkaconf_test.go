@@ -478,3 +478,26 @@ func TestKeysAndHandles(t *testing.T) {
 		t.Fatalf("Keys: %d keys, want 25 (update the docs' table too)", n)
 	}
 }
+
+func TestMisspelled(t *testing.T) {
+	for k, want := range map[string]string{
+		"securty.protocol":    KeySecurityProtocol,
+		"security.protocoll":  KeySecurityProtocol,
+		"secruity.protocol":   KeySecurityProtocol,
+		"security_protocol":   KeySecurityProtocol,
+		"sasl.mechanisms":     KeySASLMechanism, // librdkafka's plural spelling
+		"ssl.ca.locaton":      KeyCALocation,
+		"sasl.jaas.confg":     KeySASLJAASConfig,
+		"security.protocol":   "", // a key itself
+		"ssl.crl.location":    "", // librdkafka's, two edits from ssl.ca.location
+		"ssl.cipher.suites":   "",
+		"client.id":           "",
+		"ssl.keystore.type":   "",
+		"ssl.truststore.type": "",
+	} {
+		got, ok := Misspelled(k)
+		if got != want || ok != (want != "") {
+			t.Errorf("Misspelled(%q) = %q, %v; want %q", k, got, ok, want)
+		}
+	}
+}
