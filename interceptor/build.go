@@ -51,8 +51,24 @@ func Build(ctx context.Context, specs []Spec, o Options) (*Chain, error) {
 }
 
 // Close releases the resources of the instances Build made (payload
-// stores). Calls in flight must have returned.
-func (c *Chain) Close() error { return closeAll(c.instances) }
+// stores). Calls made through the chain must have returned; a call the
+// chain abandoned at its timeout may still run (and undo its work through
+// the store): then Close returns nil at once and the instances are closed
+// when the last such call ends.
+func (c *Chain) Close() error {
+	c.callMu.Lock()
+	if c.closing {
+		c.callMu.Unlock()
+		return nil
+	}
+	c.closing = true
+	running := c.calls
+	c.callMu.Unlock()
+	if running > 0 {
+		return nil // leave closes them
+	}
+	return c.closeInstances()
+}
 
 func closeAll(ins []Instance) error {
 	var errs []error

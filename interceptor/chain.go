@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,6 +67,38 @@ type Chain struct {
 	// fetchObs are the call-time histograms of produce[i] and fetch[i].
 	m                    *observe.Metrics
 	produceObs, fetchObs []prometheus.Observer
+	// calls counts the goroutines of run still going, abandoned ones
+	// included; closing is set by Close, which leaves closing the
+	// instances to the last of them (callMu guards both).
+	callMu    sync.Mutex
+	calls     int
+	closing   bool
+	closeOnce sync.Once
+}
+
+// closeInstances closes the instances, once.
+func (c *Chain) closeInstances() (err error) {
+	c.closeOnce.Do(func() { err = closeAll(c.instances) })
+	return err
+}
+
+// enter counts a run goroutine.
+func (c *Chain) enter() {
+	c.callMu.Lock()
+	c.calls++
+	c.callMu.Unlock()
+}
+
+// leave counts a run goroutine's end (an abandoned one's after its undo):
+// the last one after Close closes the instances.
+func (c *Chain) leave() {
+	c.callMu.Lock()
+	c.calls--
+	last := c.closing && c.calls == 0
+	c.callMu.Unlock()
+	if last {
+		_ = c.closeInstances()
+	}
 }
 
 // Timeout returns the time budget of one interceptor call, which also
@@ -230,6 +263,7 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 	}
 	done := make(chan result, 1)
 	w := &watch{}
+	c.enter()
 	go func() {
 		var r result
 		defer func() {
@@ -247,6 +281,7 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 	defer func() {
 		if !got { // abandoned: give its memory back, undo its work, when it ends
 			go func() {
+				defer c.leave() // its instances stay open until then
 				if r := <-done; r.f == nil {
 					led.release()
 					if a, ok := r.v.(interface{ abandon(context.Context) }); ok {
@@ -254,6 +289,8 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 					}
 				}
 			}()
+		} else {
+			c.leave()
 		}
 	}()
 	timer := time.NewTimer(c.timeout)

@@ -14,9 +14,11 @@ package observe
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -164,7 +166,18 @@ func (m *Metrics) Collectors() []prometheus.Collector {
 		m.storeOps, m.storeSeconds, m.icSeconds, m.rejections}
 }
 
+// labelValue is v as a Prometheus label value: bytes that are not UTF-8
+// (a topic name is whatever bytes a client's request holds; the broker
+// refuses it only later) read as U+FFFD, where WithLabelValues would panic.
+func labelValue(v string) string {
+	if utf8.ValidString(v) {
+		return v
+	}
+	return strings.ToValidUTF8(v, "\uFFFD")
+}
+
 func (m *Metrics) newSeries(topic string) *topicSeries {
+	topic = labelValue(topic)
 	s := &topicSeries{topic: topic,
 		offloadedRecords: m.offloadedRecords.WithLabelValues(topic), offloadedBytes: m.offloadedBytes.WithLabelValues(topic),
 		resolvedRecords: m.resolvedRecords.WithLabelValues(topic), resolvedBytes: m.resolvedBytes.WithLabelValues(topic),
@@ -252,7 +265,7 @@ func (m *Metrics) Rejected(topic, direction, reason string) {
 	s.rejMu.Lock()
 	c := s.rej[k]
 	if c == nil {
-		c = m.rejections.WithLabelValues(s.topic, direction, reason)
+		c = m.rejections.WithLabelValues(s.topic, labelValue(direction), labelValue(reason))
 		s.rej[k] = c
 	}
 	s.rejMu.Unlock()
@@ -271,7 +284,7 @@ func (m *Metrics) InterceptorObserver(name, direction string) prometheus.Observe
 	defer m.icMu.Unlock()
 	o := m.icObs[k]
 	if o == nil {
-		o = m.icSeconds.WithLabelValues(name, direction)
+		o = m.icSeconds.WithLabelValues(labelValue(name), labelValue(direction))
 		m.icObs[k] = o
 	}
 	return o

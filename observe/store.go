@@ -76,7 +76,7 @@ func (s *store) Publish(ctx context.Context, topic string, p payloadstore.Payloa
 	if err == nil {
 		s.m.Offloaded(topic, p.Size)
 		if span.IsRecording() {
-			span.SetAttributes(AttrPayloadPath.String(resp.FullPayloadPath))
+			span.SetAttributes(AttrPayloadPath.String(labelValue(resp.FullPayloadPath)))
 		}
 	}
 	s.end(span, ixPublish, topic, start, err)
@@ -87,7 +87,7 @@ func (s *store) Download(ctx context.Context, fullPath string) (io.ReadCloser, e
 	topic := s.topicOfPath(fullPath)
 	ctx, span, start := s.begin(ctx, ixDownload, topic, -1)
 	if span.IsRecording() {
-		span.SetAttributes(AttrPayloadPath.String(fullPath))
+		span.SetAttributes(AttrPayloadPath.String(labelValue(fullPath)))
 	}
 	rc, err := s.PayloadStore.Download(ctx, fullPath)
 	s.m.storeOp(topic, ixDownload, time.Since(start), err)

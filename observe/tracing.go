@@ -2,8 +2,10 @@ package observe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
@@ -113,7 +115,7 @@ func hasHeader(hs []kgo.RecordHeader, key string) bool {
 }
 
 func messagingAttrs(topic string, partition int32) []attribute.KeyValue {
-	a := []attribute.KeyValue{semconv.MessagingSystemKafka, semconv.MessagingDestinationName(topic)}
+	a := []attribute.KeyValue{semconv.MessagingSystemKafka, semconv.MessagingDestinationName(labelValue(topic))}
 	if partition >= 0 {
 		a = append(a, semconv.MessagingDestinationPartitionID(strconv.Itoa(int(partition))))
 	}
@@ -135,7 +137,7 @@ func (t *Tracer) StartSend(ctx context.Context, topic string, partition int32, h
 		}
 	}
 	attrs := append(messagingAttrs(topic, partition), semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"), t.component)
-	return t.t.Start(ctx, "send "+topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	return t.t.Start(ctx, "send "+labelValue(topic), trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 }
 
 // EndSend ends a StartSend span with the record's partition and offset
@@ -146,8 +148,7 @@ func EndSend(span trace.Span, partition int32, offset int64, err error) {
 		return
 	}
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		recordError(span, err)
 	} else {
 		if partition >= 0 {
 			span.SetAttributes(semconv.MessagingDestinationPartitionID(strconv.Itoa(int(partition))))
@@ -181,7 +182,7 @@ func (t *Tracer) StartReceive(ctx context.Context, op, topic string, partition i
 	if sc := t.Extract(headers); sc.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 	}
-	return t.t.Start(ctx, op+" "+topic, opts...)
+	return t.t.Start(ctx, op+" "+labelValue(topic), opts...)
 }
 
 // End ends span, with err as its status when not nil.
@@ -190,8 +191,7 @@ func End(span trace.Span, err error) {
 		return
 	}
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		recordError(span, err)
 	}
 	span.End()
 }
@@ -205,12 +205,26 @@ func (t *Tracer) startStore(ctx context.Context, op, topic, class string, size i
 	}
 	attrs := []attribute.KeyValue{AttrStoreOperation.String(op), AttrStoreClass.String(class), t.component}
 	if topic != "" {
-		attrs = append(attrs, semconv.MessagingDestinationName(topic))
+		attrs = append(attrs, semconv.MessagingDestinationName(labelValue(topic)))
 	}
 	if size >= 0 {
 		attrs = append(attrs, AttrPayloadSize.Int64(size))
 	}
 	return t.t.Start(ctx, fmt.Sprintf("ferry.store %s", op), trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+}
+
+// recordError sets err as span's error status and exception event. OTLP
+// carries strings as protobuf strings, which must be UTF-8: one that is
+// not (a client's topic name quoted in an error) would lose the whole
+// batch of spans it is exported with, so such a message reads with U+FFFD.
+func recordError(span trace.Span, err error) {
+	msg := err.Error()
+	if !utf8.ValidString(msg) {
+		msg = labelValue(msg)
+		err = errors.New(msg)
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, msg)
 }
 
 // noSpan is a span that records nothing.

@@ -439,6 +439,20 @@ func LoadConfigFile(path string) (Config, error) {
 			return ""
 		}
 	}
+	// secret reads a credential: YAML turns an unquoted 012345 into the
+	// octal number 5349 and 1e3 into 1000, so only a string is taken (the
+	// value is not shown in the error).
+	secret := func(key string) string {
+		switch v := k.Get(key).(type) {
+		case nil:
+			return ""
+		case string:
+			return v
+		default:
+			errs = append(errs, fmt.Errorf("%s: YAML read the value as a %T, which may differ from what was written: quote it (%s: \"…\")", key, v, key))
+			return ""
+		}
+	}
 	num := func(key string, max int64) int64 {
 		s := str(key)
 		if s == "" {
@@ -517,7 +531,7 @@ func LoadConfigFile(path string) (Config, error) {
 	c.RequestDecompressedMax = num("interceptor.request.decompressed.max.bytes", 1<<62)
 	c.MetricsMaxTopics = int(num(observe.KeyMetricsMaxTopics, 1<<20))
 	c.Tracing = observe.TracingConfig{Enabled: boolean(observe.KeyTracingEnabled), Endpoint: str(observe.KeyTracingEndpoint)}
-	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: str("upstream.sasl.username"), Password: str("upstream.sasl.password"),
+	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: secret("upstream.sasl.username"), Password: secret("upstream.sasl.password"),
 		TokenFile: str("upstream.sasl.oauthbearer.token.file")}
 	specs, err := interceptorSpecs(k.Get("interceptors"))
 	if err != nil {

@@ -342,6 +342,13 @@ func (c *conn) readRequest() bool {
 		c.fail("unauthenticated", apiName(h.Key)+" request before SASL authentication completed (the broker closes such a connection too)", nil)
 		return false
 	}
+	if (h.Key == keyProduce || h.Key == keyFetch) && !c.ensureUpstream() {
+		// Reached (or held for: dialHeld) before the frame is read: a
+		// request waiting for an unreachable broker holds none of the
+		// memory budget, and the interceptors do not run (publish
+		// payloads) for a request that may never be forwarded.
+		return false
+	}
 	frame, release, err := c.readWhole(size)
 	if err != nil {
 		c.readError(err)

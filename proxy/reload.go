@@ -188,10 +188,35 @@ func newReloadMetrics(reg *prometheus.Registry) *reloadMetrics {
 	return m
 }
 
+// closeChain closes a chain that was built but never installed.
+func closeChain(c *interceptor.Chain) {
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+// replaceChain makes g the current generation in place of old and retires
+// old; false (nothing changed) when old is no longer current: Shutdown
+// retired it, and g must not outlive the Server.
+func (s *Server) replaceChain(old, g *chainGen) bool {
+	g.refs.Store(1) // the Server's reference
+	if !s.chain.CompareAndSwap(old, g) {
+		return false
+	}
+	s.afterInstall(old, g)
+	return true
+}
+
 // installChain makes g the current generation and retires the previous one.
 func (s *Server) installChain(g *chainGen) {
 	g.refs.Store(1) // the Server's reference
 	old := s.chain.Swap(g)
+	s.afterInstall(old, g)
+}
+
+// afterInstall updates the metrics of a switch from old to g and drops the
+// Server's reference to old.
+func (s *Server) afterInstall(old, g *chainGen) {
 	s.rm.generation.Set(float64(g.gen))
 	s.rm.lastSuccess.SetToCurrentTime()
 	if old != nil {
@@ -259,8 +284,16 @@ func (s *Server) reload(ctx context.Context, trigger string, cfg Config) error {
 		return err
 	}
 	old := s.chain.Load()
+	if old == nil {
+		// Shutdown retired the chain while this one was being built.
+		closeChain(chain)
+		return ErrReloadShutdown
+	}
 	g := &chainGen{chain: chain, gen: old.gen + 1, version: cfg.Version}
-	s.installChain(g)
+	if !s.replaceChain(old, g) {
+		closeChain(chain) // only Shutdown swaps while reloadMu is held
+		return ErrReloadShutdown
+	}
 	s.rm.reloads.WithLabelValues("success").Inc()
 	names := make([]string, len(cfg.Interceptors))
 	for i, sp := range cfg.Interceptors {

@@ -306,6 +306,8 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 		{"bad log level", []string{"--log-level", "loud", "demo"}, 2, "--log-level"},
 		{"ssl key without SSL", []string{"-X", "ssl.ca.location=/etc/ca.pem", "consume", "--brokers", "127.0.0.1:1", "--topic", "t"}, 2, "ssl.ca.location: set, but security.protocol is PLAINTEXT"},
 		{"GSSAPI", []string{"-X", "security.protocol=SASL_SSL", "-X", "sasl.mechanism=GSSAPI", "gc", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", dir}, 2, "GSSAPI (Kerberos) is not supported"},
+		{"misspelled security.protocol", []string{"-X", "securty.protocol=SASL_SSL", "produce", "--brokers", "127.0.0.1:1", "--topic", "t", f}, 2, "unknown property securty.protocol (did you mean security.protocol?"},
+		{"misspelled ssl key", []string{"-X", "security.protocol=SSL", "-X", "ssl.ca.locaton=/etc/ca.pem", "produce", "--brokers", "127.0.0.1:1", "--topic", "t", f}, 2, "unknown property ssl.ca.locaton (did you mean ssl.ca.location?"},
 		{"unknown security.protocol", []string{"-X", "security.protocol=TLS", "produce", "--brokers", "127.0.0.1:1", "--topic", "t", f}, 2, `security.protocol: "TLS": want PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL`},
 		{"missing truststore", []string{"-X", "security.protocol=SSL", "-X", "ssl.truststore.location=" + filepath.Join(dir, "nope.p12"), "produce", "--brokers", "127.0.0.1:1", "--topic", "t", f}, 2, "ssl.truststore.location: stat"},
 		{"SASL secret not echoed", []string{"-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=PLAIN", "-X", "sasl.username=u", "-X", "sasl.password=TopSecret4", "consume", "--brokers", "127.0.0.1:1", "--topic", "t"}, 1, "cannot reach Kafka at 127.0.0.1:1 (SASL_PLAINTEXT (PLAIN as u)): "},

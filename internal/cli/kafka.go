@@ -93,6 +93,9 @@ func warnIgnored(p map[string]string) error {
 			// Ferry's own namespace: an unknown key there is a typo.
 			return usageErrorf("unknown property %s (the large.message.* keys are: %s)", k, strings.Join(largemessage.Keys(), ", "))
 		default:
+			if known, ok := kafkaconf.Misspelled(k); ok {
+				return usageErrorf("unknown property %s (did you mean %s? a misspelled security key would leave the connection without the TLS or SASL it asks for)", k, known)
+			}
 			slog.Warn("property not supported by ferry; ignored", "key", k)
 		}
 	}

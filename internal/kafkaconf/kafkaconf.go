@@ -235,3 +235,48 @@ type props map[string]string
 
 func (p props) get(k string) string { return strings.TrimSpace(p[k]) }
 func (p props) has(k string) bool   { _, ok := p[k]; return ok }
+
+// Misspelled returns the key Parse reads that k is one edit (an insertion,
+// deletion, substitution or swap of neighbours) away from, if k is not a
+// key itself: a misspelled security key (securty.protocol=SASL_SSL) would
+// otherwise be ignored and the client would connect without TLS or SASL.
+func Misspelled(k string) (string, bool) {
+	if Handles(k) {
+		return "", false
+	}
+	for _, known := range Keys() {
+		if oneEdit(k, known) {
+			return known, true
+		}
+	}
+	return "", false
+}
+
+// oneEdit reports whether a and b differ by exactly one edit (Damerau:
+// a swap of neighbours counts as one).
+func oneEdit(a, b string) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	switch len(b) - len(a) {
+	case 0:
+		i := 0
+		for i < len(a) && a[i] == b[i] {
+			i++
+		}
+		if i == len(a) {
+			return false // equal
+		}
+		if a[i+1:] == b[i+1:] {
+			return true // substitution
+		}
+		return i+1 < len(a) && a[i] == b[i+1] && a[i+1] == b[i] && a[i+2:] == b[i+2:]
+	case 1:
+		i := 0
+		for i < len(a) && a[i] == b[i] {
+			i++
+		}
+		return a[i:] == b[i+1:]
+	}
+	return false
+}

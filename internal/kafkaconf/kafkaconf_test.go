@@ -315,6 +315,12 @@ func TestParse(t *testing.T) {
 		{name: "jaas stray value not echoed", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
 			"sasl.jaas.config": jaas("plain.PlainLoginModule", `username="alice" "TopSecret"`)},
 			wantErr: "a value where an option name belongs", key: KeySASLJAASConfig},
+		{name: "jaas unquoted value with a space not echoed", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+			"sasl.jaas.config": jaas("plain.PlainLoginModule", `username="alice" password=Top TopSecret`)},
+			wantErr: "option 3 of", key: KeySASLJAASConfig},
+		{name: "jaas stray word not echoed", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+			"sasl.jaas.config": jaas("plain.PlainLoginModule", `username="alice" password="x" TopSecret`)},
+			wantErr: "option 3 of", key: KeySASLJAASConfig},
 		{name: "jaas option without value", props: map[string]string{"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
 			"sasl.jaas.config": jaas("plain.PlainLoginModule", `username="alice" password`)},
 			wantErr: `want password="value"`, key: KeySASLJAASConfig},
@@ -470,5 +476,28 @@ func TestKeysAndHandles(t *testing.T) {
 	}
 	if n := len(Keys()); n != 25 {
 		t.Fatalf("Keys: %d keys, want 25 (update the docs' table too)", n)
+	}
+}
+
+func TestMisspelled(t *testing.T) {
+	for k, want := range map[string]string{
+		"securty.protocol":    KeySecurityProtocol,
+		"security.protocoll":  KeySecurityProtocol,
+		"secruity.protocol":   KeySecurityProtocol,
+		"security_protocol":   KeySecurityProtocol,
+		"sasl.mechanisms":     KeySASLMechanism, // librdkafka's plural spelling
+		"ssl.ca.locaton":      KeyCALocation,
+		"sasl.jaas.confg":     KeySASLJAASConfig,
+		"security.protocol":   "", // a key itself
+		"ssl.crl.location":    "", // librdkafka's, two edits from ssl.ca.location
+		"ssl.cipher.suites":   "",
+		"client.id":           "",
+		"ssl.keystore.type":   "",
+		"ssl.truststore.type": "",
+	} {
+		got, ok := Misspelled(k)
+		if got != want || ok != (want != "") {
+			t.Errorf("Misspelled(%q) = %q, %v; want %q", k, got, ok, want)
+		}
 	}
 }

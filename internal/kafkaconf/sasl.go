@@ -220,7 +220,12 @@ func parseJAAS(s string) (module string, opts map[string]string, err error) {
 			return "", nil, fmt.Errorf("option %d of %s: a value where an option name belongs: want name=\"value\"", (i-2)/3+1, module)
 		}
 		if i+2 >= len(toks) || toks[i+1].text != "=" || toks[i+2].text == ";" && !toks[i+2].quoted {
-			return "", nil, fmt.Errorf("option %s of %s: want %s=\"value\"", toks[i].text, module, toks[i].text)
+			if name := toks[i].text; jaasOptionNames[name] || i+1 < len(toks) && toks[i+1].text == "=" {
+				return "", nil, fmt.Errorf("option %s of %s: want %s=\"value\"", name, module, name)
+			}
+			// A word without '=' after it may be the rest of an unquoted
+			// value (password=two words): not shown.
+			return "", nil, fmt.Errorf("option %d of %s: a word without '=' where an option name belongs: want name=\"value\" (quote values that hold blanks)", (i-2)/3+1, module)
 		}
 		opts[toks[i].text] = toks[i+2].text
 	}
@@ -232,6 +237,10 @@ func parseJAAS(s string) (module string, opts map[string]string, err error) {
 	}
 	return module, opts, nil
 }
+
+// jaasOptionNames are the option names of the login modules Ferry maps: a
+// parse error may show these, never another word (it may be a secret).
+var jaasOptionNames = map[string]bool{"username": true, "password": true, "tokenauth": true, "token": true, "tokenFile": true}
 
 type jaasToken struct {
 	text   string
