@@ -115,11 +115,7 @@ func (c *conn) waitClient(d time.Duration) bool {
 // the client has been served, a plain close is kept (a reset would also
 // drop response bytes the client has not acknowledged yet).
 func (c *conn) abortive(on bool) {
-	nc := c.client
-	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
-		nc = tc.NetConn()
-	}
-	if tc, ok := nc.(*net.TCPConn); ok {
+	if tc := clientTCP(c.client); tc != nil {
 		sec := -1 // the system's default: a plain close
 		if on {
 			sec = 0
@@ -136,12 +132,18 @@ func (c *conn) resetUnanswered() {
 	if c.served.Load() {
 		return
 	}
-	nc := c.client
-	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
-		nc = tc.NetConn()
-	}
-	if tc, ok := nc.(*net.TCPConn); ok {
+	if tc := clientTCP(c.client); tc != nil {
 		_ = tc.SetLinger(0)
 		_ = tc.Close()
 	}
+}
+
+// clientTCP is the TCP connection under nc (a *tls.Conn's too), nil when
+// there is none (a test's net.Pipe).
+func clientTCP(nc net.Conn) *net.TCPConn {
+	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		nc = tc.NetConn()
+	}
+	tc, _ := nc.(*net.TCPConn)
+	return tc
 }
