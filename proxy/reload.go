@@ -46,8 +46,11 @@ func (g *chainGen) active() bool { return g != nil && g.chain != nil }
 func (g *chainGen) hasProduce() bool { return g.active() && g.chain.HasProduce() }
 func (g *chainGen) hasFetch() bool   { return g.active() && g.chain.HasFetch() }
 
+// retain takes a reference. A generation without interceptors has nothing
+// to close, so it is not counted: the plain proxy's per-request path does no
+// atomic work on a counter every connection shares.
 func (g *chainGen) retain() {
-	if g != nil {
+	if g.active() {
 		g.refs.Add(1)
 	}
 }
@@ -56,12 +59,8 @@ func (g *chainGen) retain() {
 // interceptors. (The count may touch zero for a moment when acquireChain
 // races a swap; the chain is then already retired, and closed once.)
 func (g *chainGen) release() {
-	if g != nil && g.refs.Add(-1) == 0 {
-		g.once.Do(func() {
-			if g.chain != nil {
-				_ = g.chain.Close()
-			}
-		})
+	if g.active() && g.refs.Add(-1) == 0 {
+		g.once.Do(func() { _ = g.chain.Close() })
 	}
 }
 
@@ -70,8 +69,8 @@ func (g *chainGen) release() {
 func (s *Server) acquireChain() *chainGen {
 	for {
 		g := s.chain.Load()
-		if g == nil {
-			return nil
+		if !g.active() {
+			return g // nothing to hold
 		}
 		g.refs.Add(1)
 		if s.chain.Load() == g {
