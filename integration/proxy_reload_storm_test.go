@@ -45,22 +45,7 @@ func TestProxyReloadStorm(t *testing.T) {
 	}
 	write(0)
 	p := startFerryProc(t, bin, "proxy", "--config", config)
-	var bootstrap, admin string
-	for bootstrap == "" || admin == "" {
-		select {
-		case l := <-p.lines:
-			if s, ok := strings.CutPrefix(l, "ferry proxy: bootstrap "); ok {
-				bootstrap, _, _ = strings.Cut(s, " ")
-			}
-			if s, ok := strings.CutPrefix(l, "ferry proxy: metrics http://"); ok {
-				admin = strings.TrimSuffix(s, "/metrics")
-			}
-		case <-p.exited:
-			t.Fatalf("ferry proxy exited %d: %s", p.code, p.stderr.String())
-		case <-time.After(2 * time.Minute):
-			t.Fatal("ferry proxy did not start within 2 min")
-		}
-	}
+	bootstrap, admin := proxyAddrs(t, p)
 	var hooks connHooks
 	cl := viaClient(t, bootstrap, kgo.DefaultProduceTopic(topic), kgo.WithHooks(&hooks), kgo.ConnIdleTimeout(15*time.Minute))
 	produce := func(n int) {

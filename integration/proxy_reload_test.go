@@ -136,22 +136,7 @@ func TestProxyHotReload(t *testing.T) {
 	config := filepath.Join(mount, "proxy.yaml")
 
 	p := startFerryProc(t, bin, "proxy", "--config", config)
-	var bootstrap, admin string
-	for bootstrap == "" || admin == "" {
-		select {
-		case l := <-p.lines:
-			if s, ok := strings.CutPrefix(l, "ferry proxy: bootstrap "); ok {
-				bootstrap, _, _ = strings.Cut(s, " ")
-			}
-			if s, ok := strings.CutPrefix(l, "ferry proxy: metrics http://"); ok {
-				admin = strings.TrimSuffix(s, "/metrics")
-			}
-		case <-p.exited:
-			t.Fatalf("ferry proxy exited %d: %s", p.code, p.stderr.String())
-		case <-time.After(2 * time.Minute):
-			t.Fatal("ferry proxy did not start within 2 min")
-		}
-	}
+	bootstrap, admin := proxyAddrs(t, p)
 	if m := proxyMetrics(t, admin); m[`ferry_proxy_config_info{version="`+version(raw0)+`"}`] != 1 || m["ferry_proxy_config_generation"] != 1 {
 		t.Fatalf("at start: config_info of %s and generation 1 expected", version(raw0))
 	}
@@ -422,4 +407,27 @@ func TestProxyHotReload(t *testing.T) {
 		perPhase, bgOK.Load(), drops,
 		after[`ferry_proxy_client_connections_total{listener="bootstrap"}`]+after[`ferry_proxy_client_connections_total{listener="broker"}`]-
 			before[`ferry_proxy_client_connections_total{listener="bootstrap"}`]-before[`ferry_proxy_client_connections_total{listener="broker"}`])
+}
+
+// proxyAddrs waits for a `ferry proxy` process (started with --admin or
+// admin.listen) to print its bootstrap address and its admin listener's
+// host:port, within 2 minutes.
+func proxyAddrs(t *testing.T, p *ferryProc) (bootstrap, admin string) {
+	t.Helper()
+	for bootstrap == "" || admin == "" {
+		select {
+		case l := <-p.lines:
+			if s, ok := strings.CutPrefix(l, "ferry proxy: bootstrap "); ok {
+				bootstrap, _, _ = strings.Cut(s, " ")
+			}
+			if s, ok := strings.CutPrefix(l, "ferry proxy: metrics http://"); ok {
+				admin = strings.TrimSuffix(s, "/metrics")
+			}
+		case <-p.exited:
+			t.Fatalf("ferry proxy exited %d: %s", p.code, p.stderr.String())
+		case <-time.After(2 * time.Minute):
+			t.Fatal("ferry proxy did not start within 2 min")
+		}
+	}
+	return bootstrap, admin
 }
