@@ -208,10 +208,12 @@ func (m *Metrics) series(topic string) *topicSeries {
 	if m.nTopics.Load() >= int64(m.maxTopics) {
 		return m.other
 	}
-	s := m.newSeries(topic)
-	m.topics.Store(topic, s)
-	m.nTopics.Add(1)
-	return s
+	// LoadOrStore: two first uses of one topic at once count it once.
+	s, loaded := m.topics.LoadOrStore(topic, m.newSeries(topic))
+	if !loaded {
+		m.nTopics.Add(1)
+	}
+	return s.(*topicSeries)
 }
 
 // Offloaded counts one payload of n bytes published for topic.
