@@ -83,12 +83,13 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 // keys kafkaconf reads are applied, or refused with an error); a key that
 // looks like a misspelling of one it reads (keys.go) is a usage error.
 func warnIgnored(p map[string]string) error {
+	known := clientKeys()
 	for _, k := range props.Keys(p) {
 		switch {
-		case slices.Contains(clientKeys(), k),
+		case slices.Contains(known, k),
 			strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
-		case misspelledKey(k, clientKeys()) != nil:
-			return misspelledKey(k, clientKeys())
+		case misspelledKey(k, known) != nil:
+			return misspelledKey(k, known)
 		case strings.HasPrefix(k, "large.message."):
 			// Ferry's own namespace: an unknown key there is a typo.
 			return usageErrorf("unknown property %s (the large.message.* keys are: %s)", k, strings.Join(largemessage.Keys(), ", "))
