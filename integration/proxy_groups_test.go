@@ -217,14 +217,23 @@ func TestProxyShutdownDrainsInFlight(t *testing.T) {
 	topic := createTopicVia(t, s.Addr(), nil)
 	ctx := ctxT(t, time.Minute)
 	cl := proxyClient(t, s.Addr(), nil)
-	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Until the new topic is in the metadata with its id and a leader: a
+	// Fetch before that is answered at once (UNKNOWN_TOPIC_ID), not held.
+	var meta *kmsg.MetadataResponse
 	var topicID [16]byte
-	for _, tp := range meta.Topics {
-		if tp.Topic != nil && *tp.Topic == topic {
-			topicID = tp.TopicID
+	for topicID == [16]byte{} {
+		m, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta = m
+		for _, tp := range m.Topics {
+			if tp.Topic != nil && *tp.Topic == topic && tp.ErrorCode == 0 && len(tp.Partitions) > 0 && tp.Partitions[0].Leader >= 0 {
+				topicID = tp.TopicID
+			}
+		}
+		if topicID == [16]byte{} {
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	fetch := kmsg.NewPtrFetchRequest()
@@ -288,6 +297,13 @@ func TestProxyShutdownDrainsInFlight(t *testing.T) {
 	}
 	if err := kerr.ErrorForCode(r.resp.(*kmsg.FetchResponse).ErrorCode); err != nil {
 		t.Fatalf("Fetch error: %v", err)
+	}
+	for _, rt := range r.resp.(*kmsg.FetchResponse).Topics {
+		for _, rp := range rt.Partitions {
+			if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+				t.Fatalf("Fetch error on partition %d: %v", rp.Partition, err)
+			}
+		}
 	}
 	if r.took < 2*time.Second {
 		t.Fatalf("the Fetch came back after %s: it did not wait at the broker, so it proves nothing", r.took)
