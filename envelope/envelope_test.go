@@ -1,0 +1,257 @@
+package envelope
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"io"
+	"testing"
+	"time"
+)
+
+func testKeyURL(t testing.TB) string {
+	t.Helper()
+	k := make([]byte, 32)
+	rand.Read(k)
+	return "base64key://" + base64.URLEncoding.EncodeToString(k)
+}
+
+func openTest(t testing.TB, cfg Config) *Keyring {
+	t.Helper()
+	k, err := OpenKeyring(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+func seal(t testing.TB, k *Keyring, plain []byte, a PayloadAAD) ([]byte, *StreamSealer) {
+	t.Helper()
+	s, err := k.NewStreamSealer(context.Background(), a.Topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	w, err := s.NewWriter(&buf, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(plain); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes(), s
+}
+
+func open(k *Keyring, sealed []byte, a PayloadAAD) ([]byte, error) {
+	r, err := k.OpenStream(context.Background(), bytes.NewReader(sealed), a)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(r)
+}
+
+// The sizes around segment boundaries: SealedSize is exact and PlainSize
+// inverts it.
+func TestStreamSizes(t *testing.T) {
+	k := openTest(t, Config{KeyURL: testKeyURL(t)})
+	a := PayloadAAD{Topic: "t", Key: "t/00/x"}
+	first := DefaultSegmentBytes - tinkTagBytes - tinkHeader
+	per := DefaultSegmentBytes - tinkTagBytes
+	for _, n := range []int{0, 1, first - 1, first, first + 1, first + per - 1, first + per, first + per + 1, first + 3*per} {
+		plain := make([]byte, n)
+		rand.Read(plain)
+		sealed, s := seal(t, k, plain, a)
+		if got := s.SealedSize(int64(n)); got != int64(len(sealed)) {
+			t.Errorf("%d bytes: SealedSize %d, sealed %d", n, got, len(sealed))
+		}
+		if p, ok := PlainSize(int64(len(sealed)), s.HeaderBytes(), DefaultSegmentBytes); !ok || p != int64(n) {
+			t.Errorf("%d bytes: PlainSize(%d) = %d, %v", n, len(sealed), p, ok)
+		}
+		back, err := open(k, sealed, a)
+		if err != nil || !bytes.Equal(back, plain) {
+			t.Fatalf("%d bytes: round trip: %v (equal %v)", n, err, bytes.Equal(back, plain))
+		}
+	}
+}
+
+func TestStreamTamper(t *testing.T) {
+	old := testKeyURL(t)
+	k := openTest(t, Config{KeyURL: testKeyURL(t), DecryptKeyURLs: []string{old}})
+	a := PayloadAAD{Topic: "orders", Key: "orders/0a/id1"}
+	plain := make([]byte, 3*DefaultSegmentBytes+77)
+	rand.Read(plain)
+	sealed, s := seal(t, k, plain, a)
+	hl := s.HeaderBytes()
+	flip := func(i int) []byte {
+		b := bytes.Clone(sealed)
+		b[i] ^= 1
+		return b
+	}
+	segs := func(b []byte) [][]byte { // Tink segments after both headers
+		body := b[hl+tinkHeader:]
+		var out [][]byte
+		first := DefaultSegmentBytes - tinkHeader
+		out = append(out, body[:first])
+		for body = body[first:]; len(body) > 0; {
+			n := min(len(body), DefaultSegmentBytes)
+			out = append(out, body[:n])
+			body = body[n:]
+		}
+		return out
+	}
+	sg := segs(sealed)
+	swapped := bytes.Clone(sealed[:hl+tinkHeader])
+	swapped = append(append(append(append(swapped, sg[0]...), sg[2]...), sg[1]...), sg[3]...)
+	other, _ := seal(t, k, plain, PayloadAAD{Topic: "orders", Key: "orders/0b/id2"})
+	for name, c := range map[string]struct {
+		b    []byte
+		a    PayloadAAD
+		want error
+	}{
+		"byte mid-object":        {flip(len(sealed) / 2), a, ErrAuthentication},
+		"byte in tag":            {flip(len(sealed) - 1), a, ErrAuthentication},
+		"byte in salt":           {flip(hl + 3), a, ErrAuthentication},
+		"byte in wrapped key":    {flip(fixedHeaderBytes + 5), a, ErrKMS},
+		"key id":                 {flip(15), a, ErrUnknownKey},
+		"version":                {flip(8), a, ErrFormat},
+		"truncated at a segment": {sealed[:hl+tinkHeader+len(sg[0])+len(sg[1])], a, ErrAuthentication},
+		"truncated mid segment":  {sealed[:len(sealed)-100], a, ErrAuthentication},
+		"segments reordered":     {swapped, a, ErrAuthentication},
+		"other path":             {sealed, PayloadAAD{Topic: "orders", Key: "orders/0b/id2"}, ErrAuthentication},
+		"other topic":            {sealed, PayloadAAD{Topic: "orders2", Key: "orders/0a/id1"}, ErrAuthentication},
+		"object swapped":         {other, a, ErrAuthentication},
+		"header only":            {sealed[:hl], a, ErrAuthentication},
+		"not sealed":             {plain, a, ErrNotSealed},
+		"short magic":            {sealed[:5], a, ErrNotSealed},
+		"short header":           {sealed[:12], a, ErrFormat},
+	} {
+		got, err := open(k, c.b, c.a)
+		if !errors.Is(err, c.want) {
+			t.Errorf("%s: err %v, want %v (%d bytes back)", name, err, c.want, len(got))
+		}
+	}
+	// Sealed under a key this keyring does not know.
+	k2 := openTest(t, Config{KeyURL: testKeyURL(t)})
+	if _, err := open(k2, sealed, a); !errors.Is(err, ErrUnknownKey) {
+		t.Errorf("other keyring: %v, want ErrUnknownKey", err)
+	}
+}
+
+// Rotation: data sealed under the old key stays readable while the old key
+// URL is among the decryption keys, and not after.
+func TestRotation(t *testing.T) {
+	oldURL, newURL := testKeyURL(t), testKeyURL(t)
+	a := PayloadAAD{Topic: "t", Key: "t/00/x"}
+	before, _ := seal(t, openTest(t, Config{KeyURL: oldURL}), []byte("old payload"), a)
+	rec, err := openTest(t, Config{KeyURL: oldURL}).SealRecord(context.Background(), nil, []byte("old record"), RecordAAD{Topic: "t", Field: "value"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotated := openTest(t, Config{KeyURL: newURL, DecryptKeyURLs: []string{oldURL}})
+	if got, err := open(rotated, before, a); err != nil || string(got) != "old payload" {
+		t.Fatalf("old payload after rotation: %q, %v", got, err)
+	}
+	if got, err := rotated.OpenRecord(context.Background(), nil, rec, RecordAAD{Topic: "t", Field: "value"}); err != nil || string(got) != "old record" {
+		t.Fatalf("old record after rotation: %q, %v", got, err)
+	}
+	after, _ := seal(t, rotated, []byte("new"), a)
+	if id, _ := KeyIDOf(newURL); !bytes.Equal(after[14:22], id[:]) {
+		t.Errorf("new payload sealed under key id %x, want the new key's %s", after[14:22], id)
+	}
+	dropped := openTest(t, Config{KeyURL: newURL})
+	if _, err := open(dropped, before, a); !errors.Is(err, ErrUnknownKey) {
+		t.Errorf("old key dropped: %v, want ErrUnknownKey", err)
+	}
+	if _, err := dropped.OpenRecord(context.Background(), nil, rec, RecordAAD{Topic: "t", Field: "value"}); !errors.Is(err, ErrUnknownKey) {
+		t.Errorf("old key dropped, record: %v, want ErrUnknownKey", err)
+	}
+}
+
+func TestRecordSealOpen(t *testing.T) {
+	k := openTest(t, Config{KeyURL: testKeyURL(t)})
+	a := RecordAAD{Topic: "t", Field: "value"}
+	for _, n := range []int{0, 1, 1000, 1 << 20} {
+		plain := make([]byte, n)
+		rand.Read(plain)
+		sealed, err := k.SealRecord(context.Background(), nil, plain, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := SealedRecordSize(n, len(sealed)-n-recordOverhead); got != len(sealed) {
+			t.Errorf("size %d vs %d", got, len(sealed))
+		}
+		back, err := k.OpenRecord(context.Background(), nil, sealed, a)
+		if err != nil || !bytes.Equal(back, plain) {
+			t.Fatalf("%d: %v", n, err)
+		}
+		if _, err := k.OpenRecord(context.Background(), nil, sealed, RecordAAD{Topic: "t", Field: "header:x"}); !errors.Is(err, ErrAuthentication) {
+			t.Errorf("other field: %v", err)
+		}
+		if n > 0 {
+			b := bytes.Clone(sealed)
+			b[len(b)-n/2-17] ^= 0x80
+			if _, err := k.OpenRecord(context.Background(), nil, b, a); !errors.Is(err, ErrAuthentication) {
+				t.Errorf("flipped: %v", err)
+			}
+		}
+		for i := 0; i < len(sealed) && i < 200; i++ { // every prefix fails cleanly
+			if _, err := k.OpenRecord(context.Background(), nil, sealed[:i], a); err == nil {
+				t.Fatalf("prefix %d opened", i)
+			}
+		}
+	}
+}
+
+// The data key is reused within its bounds (no KMS call per record) and
+// replaced when its count or age runs out.
+func TestDataKeyReuse(t *testing.T) {
+	k := openTest(t, Config{KeyURL: testKeyURL(t), DataKeyMaxUses: 3, DataKeyMaxAge: time.Hour})
+	wrapped := func() string {
+		b, err := k.SealRecord(context.Background(), nil, []byte("x"), RecordAAD{Topic: "t", Field: "value"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b[fixedHeaderBytes : len(b)-1-12-16])
+	}
+	a, b, c, d := wrapped(), wrapped(), wrapped(), wrapped()
+	if a != b || b != c || c == d {
+		t.Errorf("uses: want the key reused 3 times, then replaced (%v %v %v)", a == b, b == c, c == d)
+	}
+	now := time.Now()
+	k.now = func() time.Time { return now.Add(2 * time.Hour) }
+	if e := wrapped(); e == d {
+		t.Error("age: the data key was not replaced after DataKeyMaxAge")
+	}
+}
+
+func TestOpenKeyringRefuses(t *testing.T) {
+	ctx := context.Background()
+	u := testKeyURL(t)
+	for name, cfg := range map[string]Config{
+		"none":           {},
+		"empty key":      {KeyURL: "base64key://"},
+		"listed twice":   {DecryptKeyURLs: []string{u, u}},
+		"not a url":      {KeyURL: "nokey"},
+		"unknown scheme": {KeyURL: "rot13://x"},
+	} {
+		if k, err := OpenKeyring(ctx, cfg); err == nil {
+			k.Close()
+			t.Errorf("%s: opened", name)
+		} else if bytes.Contains([]byte(err.Error()), []byte(u[12:])) {
+			t.Errorf("%s: the key leaked into %q", name, err)
+		}
+	}
+	if _, err := OpenKeyring(ctx, Config{KeyURL: u, DecryptKeyURLs: []string{u}}); err != nil {
+		t.Errorf("current key listed among decryption keys: %v", err)
+	}
+	k := openTest(t, Config{DecryptKeyURLs: []string{u}})
+	if _, err := k.SealRecord(ctx, nil, nil, RecordAAD{}); !errors.Is(err, ErrDecryptOnly) {
+		t.Errorf("decrypt-only keyring sealed: %v", err)
+	}
+}

@@ -1,0 +1,374 @@
+// Package envelope is Ferry's envelope encryption: data keys (DEKs) made
+// locally and wrapped by a key-encryption key (KEK) that lives in a key
+// management service, named by a gocloud.dev/secrets URL (awskms://,
+// gcpkms://, azurekeyvault://, hashivault://, base64key://).
+//
+// Two formats use it, both written down in docs/FORMAT.md §9:
+//   - a sealed object (NewStreamSealer, OpenStream): a payload encrypted with
+//     Tink's streaming AEAD AES256-GCM-HKDF, so that a payload of any size is
+//     encrypted and checked in bounded memory, segment by segment; a
+//     truncated, reordered or altered segment fails while streaming;
+//   - a sealed record value or header (SealRecord, OpenRecord): AES-256-GCM.
+//
+// Each sealed thing starts with a header naming the KEK (by its key id, a
+// digest of its URL), carrying the wrapped DEK, and is authenticated together
+// with associated data the caller binds it to (the topic and object key of a
+// payload; the topic and field of a record).
+//
+// A Keyring caches data keys so that the KMS is not called per record: a
+// wrapped DEK is reused for at most DataKeyMaxAge and DataKeyMaxUses, and an
+// unwrapped DEK is kept for DataKeyMaxAge, at most CacheMaxEntries of each.
+package envelope
+
+import (
+	"context"
+	"crypto/cipher"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"gocloud.dev/gcerrors"
+	"gocloud.dev/secrets"
+	_ "gocloud.dev/secrets/awskms"        // awskms://
+	_ "gocloud.dev/secrets/azurekeyvault" // azurekeyvault://
+	_ "gocloud.dev/secrets/gcpkms"        // gcpkms://
+	_ "gocloud.dev/secrets/hashivault"    // hashivault://
+	"gocloud.dev/secrets/localsecrets"    // base64key://
+)
+
+// Errors. Each error this package returns wraps one of these (errors.Is).
+var (
+	// ErrUnknownKey: a sealed payload or record names a KEK (by key id)
+	// that is neither the current key URL nor one of the decryption key
+	// URLs. Configure the old key URL in the decryption list to read it.
+	ErrUnknownKey = errors.New("encrypted under a key that is not configured")
+	// ErrKMS: the KMS failed to wrap or unwrap a data key (unreachable,
+	// refused, or the wrapped key is not its own). The gocloud error is
+	// wrapped too; Retryable says whether trying again may help.
+	ErrKMS = errors.New("key management service failed")
+	// ErrAuthentication: the ciphertext does not authenticate under its
+	// data key and associated data: it was altered, truncated, reordered,
+	// moved to another path or topic, or sealed under another key. No byte
+	// of plaintext that failed is ever returned.
+	ErrAuthentication = errors.New("ciphertext does not authenticate (altered, truncated, reordered, or not bound to this topic and path)")
+	// ErrFormat: the bytes start like a sealed header but do not parse:
+	// an unknown version or algorithm, a length out of bounds, a short
+	// header.
+	ErrFormat = errors.New("malformed encryption header")
+	// ErrNotSealed: the bytes are not sealed (no magic), where sealed bytes
+	// were required.
+	ErrNotSealed = errors.New("not encrypted")
+)
+
+// KMSError is an ErrKMS with the KEK's key id and what was being done.
+type KMSError struct {
+	Op        string // "wrap" or "unwrap"
+	KeyID     KeyID
+	Retryable bool
+	Err       error
+}
+
+func (e *KMSError) Error() string {
+	return fmt.Sprintf("%s data key with KEK %s: %v: %v", e.Op, e.KeyID, ErrKMS, e.Err)
+}
+
+// Unwrap returns ErrKMS and the cause.
+func (e *KMSError) Unwrap() []error { return []error{ErrKMS, e.Err} }
+
+// KeyID names a key-encryption key inside sealed headers: the first 8 bytes
+// of SHA-256("ferry-kek\x00" + scheme + "://" + host + path) of its URL. The
+// query (region, endpoint, credentials profile) is left out, so that the
+// same KMS key reached another way keeps its id.
+type KeyID [8]byte
+
+func (id KeyID) String() string { return fmt.Sprintf("%x", id[:]) }
+
+// KeyIDOf returns the key id of a key URL, or an error when it does not
+// parse as a URL with a scheme.
+func KeyIDOf(keyURL string) (KeyID, error) {
+	u, err := url.Parse(keyURL)
+	if err != nil || u.Scheme == "" {
+		return KeyID{}, fmt.Errorf("key URL %s: not a URL with a scheme", redact(keyURL))
+	}
+	sum := sha256.Sum256([]byte("ferry-kek\x00" + u.Scheme + "://" + u.Host + u.Path))
+	var id KeyID
+	copy(id[:], sum[:])
+	return id, nil
+}
+
+// redact keeps the scheme of a key URL: a base64key:// URL holds the key.
+func redact(keyURL string) string {
+	if i := strings.Index(keyURL, "://"); i >= 0 {
+		return keyURL[:i+3] + "…"
+	}
+	return "(unparsable)"
+}
+
+// Config configures a Keyring. Its fields are set from the
+// large.message.payload.encryption.* keys (library, large-message
+// interceptor) or from the encrypt interceptor's keys.
+type Config struct {
+	// KeyURL names the KEK that wraps new data keys. Empty: the keyring
+	// only decrypts.
+	KeyURL string
+	// DecryptKeyURLs are older KEKs whose sealed data stays readable
+	// (key rotation). KeyURL is always usable for decryption too.
+	DecryptKeyURLs []string
+	// DataKeyMaxAge bounds how long one data key seals new data and how
+	// long an unwrapped data key is cached. Default 1 h.
+	DataKeyMaxAge time.Duration
+	// DataKeyMaxUses bounds how many objects or records one data key
+	// seals. Default 1,000,000 (AES-GCM with random 96-bit nonces stays
+	// far below the 2^32 NIST bound).
+	DataKeyMaxUses int64
+	// CacheMaxEntries bounds the data keys held per direction (sealing:
+	// one per topic; opening: one per wrapped key). Default 1000.
+	CacheMaxEntries int
+}
+
+// Defaults of Config.
+const (
+	DefaultDataKeyMaxAge   = time.Hour
+	DefaultDataKeyMaxUses  = 1_000_000
+	DefaultCacheMaxEntries = 1000
+	// MaxWrappedKeyBytes bounds a wrapped data key in a header.
+	MaxWrappedKeyBytes = 4096
+)
+
+// Keyring wraps and unwraps data keys through the configured KEKs and caches
+// them. It is safe for concurrent use.
+type Keyring struct {
+	cfg     Config
+	current *kek // nil: decrypt only
+	keks    map[KeyID]*kek
+
+	mu      sync.Mutex
+	sealing map[string]*dataKey // by scope (topic)
+	opened  map[string]*openedKey
+	now     func() time.Time
+}
+
+type kek struct {
+	id     KeyID
+	keeper *secrets.Keeper
+}
+
+type dataKey struct {
+	key     []byte      // 32 bytes
+	gcm     cipher.AEAD // AES-256-GCM under key, for records (safe for concurrent use)
+	wrapped []byte
+	kek     KeyID
+	made    time.Time
+	uses    int64
+}
+
+type openedKey struct {
+	key  []byte
+	gcm  cipher.AEAD
+	made time.Time
+}
+
+// OpenKeyring opens the KEKs named by cfg. A base64key:// URL without a key
+// (which gocloud would fill with a random, unsaved key) is refused. Errors
+// name the URL by its scheme only: a base64key:// URL is a secret.
+func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
+	if cfg.DataKeyMaxAge <= 0 {
+		cfg.DataKeyMaxAge = DefaultDataKeyMaxAge
+	}
+	if cfg.DataKeyMaxUses <= 0 {
+		cfg.DataKeyMaxUses = DefaultDataKeyMaxUses
+	}
+	if cfg.CacheMaxEntries <= 0 {
+		cfg.CacheMaxEntries = DefaultCacheMaxEntries
+	}
+	k := &Keyring{cfg: cfg, keks: map[KeyID]*kek{}, sealing: map[string]*dataKey{}, opened: map[string]*openedKey{}, now: time.Now}
+	urls := cfg.DecryptKeyURLs
+	if cfg.KeyURL != "" {
+		urls = append([]string{cfg.KeyURL}, urls...)
+	}
+	if len(urls) == 0 {
+		return nil, errors.New("no key URL")
+	}
+	for i, u := range urls {
+		id, err := KeyIDOf(u)
+		if err != nil {
+			k.Close()
+			return nil, err
+		}
+		if _, dup := k.keks[id]; dup {
+			if i == 0 || cfg.KeyURL == "" {
+				k.Close()
+				return nil, fmt.Errorf("key URL %s is listed twice (key id %s)", redact(u), id)
+			}
+			continue // the current key listed again among the decryption keys
+		}
+		if strings.HasPrefix(u, localsecrets.Scheme+"://") {
+			if pu, _ := url.Parse(u); pu.Host == "" {
+				k.Close()
+				return nil, fmt.Errorf("key URL base64key:// needs a key (base64key://<32 bytes in URL-safe base64>); an empty one would be random and lost at exit")
+			}
+		}
+		keeper, err := secrets.OpenKeeper(ctx, u)
+		if err != nil {
+			k.Close()
+			return nil, fmt.Errorf("open key URL %s: %v", redact(u), scrub(err, u))
+		}
+		kk := &kek{id: id, keeper: keeper}
+		k.keks[id] = kk
+		if i == 0 && cfg.KeyURL != "" {
+			k.current = kk
+		}
+	}
+	return k, nil
+}
+
+// scrub removes the URL (which may hold a key) from an error's text.
+func scrub(err error, keyURL string) string {
+	return strings.ReplaceAll(err.Error(), keyURL, redact(keyURL))
+}
+
+// CurrentKeyID is the key id of KeyURL, and false when the keyring only
+// decrypts.
+func (k *Keyring) CurrentKeyID() (KeyID, bool) {
+	if k.current == nil {
+		return KeyID{}, false
+	}
+	return k.current.id, true
+}
+
+// Close closes the KEKs' keepers and forgets every cached data key.
+func (k *Keyring) Close() error {
+	var errs []error
+	for _, kk := range k.keks {
+		errs = append(errs, kk.keeper.Close())
+	}
+	k.mu.Lock()
+	for _, d := range k.sealing {
+		clear(d.key)
+	}
+	for _, o := range k.opened {
+		clear(o.key)
+	}
+	k.sealing, k.opened = map[string]*dataKey{}, map[string]*openedKey{}
+	k.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// ErrDecryptOnly: sealing was asked of a keyring without a KeyURL.
+var ErrDecryptOnly = errors.New("no key URL to encrypt with (decryption keys only)")
+
+// sealKey returns the data key for new data of scope (a topic), counting one
+// use, and makes and wraps a new one (one KMS call) when there is none or
+// the current one is too old or used up.
+func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
+	if k.current == nil {
+		return dataKey{}, ErrDecryptOnly
+	}
+	now := k.now()
+	k.mu.Lock()
+	if d, ok := k.sealing[scope]; ok && d.uses < k.cfg.DataKeyMaxUses && now.Sub(d.made) < k.cfg.DataKeyMaxAge {
+		d.uses++
+		dk := *d
+		k.mu.Unlock()
+		return dk, nil
+	}
+	k.mu.Unlock()
+	// Made outside the lock: a slow KMS must not stall other topics. Two
+	// goroutines may both make one; the later one wins the slot.
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return dataKey{}, err
+	}
+	wrapped, err := k.current.keeper.Encrypt(ctx, key)
+	if err != nil {
+		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Retryable: retryable(err), Err: err}
+	}
+	if len(wrapped) > MaxWrappedKeyBytes {
+		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Err: fmt.Errorf("wrapped data key is %d bytes, more than %d", len(wrapped), MaxWrappedKeyBytes)}
+	}
+	gcm, err := newGCM(key)
+	if err != nil {
+		return dataKey{}, err
+	}
+	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: now, uses: 1}
+	k.mu.Lock()
+	if len(k.sealing) >= k.cfg.CacheMaxEntries {
+		evictOldest(k.sealing, func(d *dataKey) time.Time { return d.made })
+	}
+	k.sealing[scope] = d
+	// The opening side knows it already: reading back what was just
+	// written costs no KMS call.
+	k.putOpened(string(d.kek[:])+string(wrapped), &openedKey{key: key, gcm: gcm, made: now})
+	k.mu.Unlock()
+	return *d, nil
+}
+
+// openKey unwraps a data key wrapped by the KEK id, from the cache when it
+// was unwrapped (or made) less than DataKeyMaxAge ago.
+func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*openedKey, error) {
+	kk, ok := k.keks[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: key id %s", ErrUnknownKey, id)
+	}
+	ck := string(id[:]) + string(wrapped)
+	now := k.now()
+	k.mu.Lock()
+	if o, ok := k.opened[ck]; ok && now.Sub(o.made) < k.cfg.DataKeyMaxAge {
+		k.mu.Unlock()
+		return o, nil
+	}
+	k.mu.Unlock()
+	key, err := kk.keeper.Decrypt(ctx, wrapped)
+	if err != nil {
+		return nil, &KMSError{Op: "unwrap", KeyID: id, Retryable: retryable(err), Err: err}
+	}
+	if len(key) != 32 {
+		return nil, &KMSError{Op: "unwrap", KeyID: id, Err: fmt.Errorf("unwrapped data key is %d bytes, want 32", len(key))}
+	}
+	gcm, err := newGCM(key)
+	if err != nil {
+		return nil, err
+	}
+	o := &openedKey{key: key, gcm: gcm, made: now}
+	k.mu.Lock()
+	k.putOpened(ck, o)
+	k.mu.Unlock()
+	return o, nil
+}
+
+// putOpened caches an unwrapped key; k.mu is held.
+func (k *Keyring) putOpened(ck string, o *openedKey) {
+	if _, ok := k.opened[ck]; !ok && len(k.opened) >= k.cfg.CacheMaxEntries {
+		evictOldest(k.opened, func(o *openedKey) time.Time { return o.made })
+	}
+	k.opened[ck] = o
+}
+
+// evictOldest drops the oldest entry of m (a linear scan: m is bounded by
+// CacheMaxEntries and this runs only when a new key is made).
+func evictOldest[V any](m map[string]V, made func(V) time.Time) {
+	var oldest string
+	var t time.Time
+	first := true
+	for k, v := range m {
+		if first || made(v).Before(t) {
+			oldest, t, first = k, made(v), false
+		}
+	}
+	delete(m, oldest)
+}
+
+// retryable reports whether a KMS error may pass: the service was
+// unreachable, overloaded or timed out.
+func retryable(err error) bool {
+	switch gcerrors.Code(err) {
+	case gcerrors.Internal, gcerrors.ResourceExhausted, gcerrors.DeadlineExceeded, gcerrors.Unknown:
+		return !errors.Is(err, context.Canceled)
+	}
+	return false
+}

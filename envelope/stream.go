@@ -1,0 +1,184 @@
+package envelope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/tink-crypto/tink-go/v2/streamingaead/subtle"
+)
+
+// Tink's AES256_GCM_HKDF streaming parameters (docs/FORMAT.md §9.2).
+const (
+	tinkHKDF     = "SHA256"
+	tinkKeyBytes = 32
+	tinkHeader   = 1 + tinkKeyBytes + subtle.AESGCMHKDFNoncePrefixSizeInBytes // 40
+	tinkTagBytes = subtle.AESGCMHKDFTagSizeInBytes                            // 16
+	payloadLabel = "ferry-payload-v1"
+	recordLabel  = "ferry-record-v1"
+)
+
+// PayloadAAD binds a sealed object to its topic and its object key
+// ("<topic>/<shard>/<id>", relative to the store's root), so that an object
+// moved or copied to another key, or swapped with another object, even one
+// under the same data key, fails to authenticate.
+type PayloadAAD struct {
+	Topic string
+	Key   string
+}
+
+// StreamSealer seals objects with one data key: the header (and so its
+// length) is fixed, which makes SealedSize exact. Get one per object from
+// Keyring.NewStreamSealer; it counts as one use of its data key.
+type StreamSealer struct {
+	h       header
+	hb      []byte
+	segment int
+	key     []byte
+}
+
+// NewStreamSealer returns a sealer for one object of scope (its topic),
+// with the scope's current data key (a KMS call when a new one is needed:
+// errors wrap ErrKMS, or ErrDecryptOnly without a key URL).
+func (k *Keyring) NewStreamSealer(ctx context.Context, scope string) (*StreamSealer, error) {
+	dk, err := k.sealKey(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	h := header{alg: AlgStreamAES256GCMHKDF, segment: DefaultSegmentBytes, kek: dk.kek, wrapped: dk.wrapped}
+	return &StreamSealer{h: h, hb: h.appendTo(nil), segment: DefaultSegmentBytes, key: dk.key}, nil
+}
+
+// HeaderBytes is the length of the Ferry header the sealer writes.
+func (s *StreamSealer) HeaderBytes() int { return len(s.hb) }
+
+// SealedSize is the exact size in bytes of the sealed object for a
+// plaintext of plain bytes: the Ferry header, Tink's 40-byte header, the
+// plaintext, and a 16-byte tag per segment.
+func (s *StreamSealer) SealedSize(plain int64) int64 {
+	return int64(len(s.hb)) + streamSize(plain, s.segment)
+}
+
+// streamSize is the size of Tink's ciphertext for plain bytes in segments of
+// segment bytes: the first segment holds segment-16-40 plaintext bytes, the
+// others segment-16; the last is written at Close, even when empty.
+func streamSize(plain int64, segment int) int64 {
+	first := int64(segment - tinkTagBytes - tinkHeader)
+	n := int64(1)
+	if plain > first {
+		per := int64(segment - tinkTagBytes)
+		n += (plain - first + per - 1) / per
+	}
+	return tinkHeader + plain + n*tinkTagBytes
+}
+
+// PlainSize inverts SealedSize for a sealed object of sealed bytes whose
+// header is headerBytes long, segmented by segment bytes; false when no
+// plaintext size seals to exactly sealed bytes.
+func PlainSize(sealed int64, headerBytes, segment int) (int64, bool) {
+	body := sealed - int64(headerBytes) - tinkHeader
+	if body < tinkTagBytes {
+		return 0, false
+	}
+	per := int64(segment)
+	// Full segments of the ciphertext body, the first one shorter by the
+	// Tink header; the last holds the rest (at least its tag).
+	first := per - tinkHeader
+	if body <= first {
+		return body - tinkTagBytes, true
+	}
+	rest := body - first
+	n := 1 + (rest+per-1)/per
+	plain := body - n*tinkTagBytes
+	return plain, streamSize(plain, segment) == sealed-int64(headerBytes)
+}
+
+// NewWriter returns a writer that seals what is written to it into w,
+// bound to a: the Ferry header and Tink's header are written at once, each
+// segment when it is full, the last one at Close, which must be called
+// (and its error checked) for the object to be complete. The writer
+// holds two segments of buffers.
+func (s *StreamSealer) NewWriter(w io.Writer, a PayloadAAD) (io.WriteCloser, error) {
+	t, err := subtle.NewAESGCMHKDF(s.key, tinkHKDF, tinkKeyBytes, s.segment, 0)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.Write(s.hb); err != nil {
+		return nil, err
+	}
+	return t.NewEncryptingWriter(w, aad(payloadLabel, s.hb, a.Topic, a.Key))
+}
+
+// OpenStream reads a sealed object's header from r, unwraps its data key
+// (cached, or one KMS call) and returns a reader of its plaintext, bound to
+// a. Each segment is authenticated before any of its bytes are returned;
+// an altered, reordered or missing segment, or a truncated end, makes Read
+// fail with ErrAuthentication instead of returning io.EOF.
+//
+// Errors: ErrNotSealed (r does not start with Magic), ErrFormat,
+// ErrUnknownKey, ErrKMS (a *KMSError), ErrAuthentication, or r's own.
+func (k *Keyring) OpenStream(ctx context.Context, r io.Reader, a PayloadAAD) (io.Reader, error) {
+	fixed := make([]byte, fixedHeaderBytes)
+	if n, err := io.ReadFull(r, fixed); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			if IsSealed(fixed[:n]) {
+				return nil, fmt.Errorf("%w: %d bytes, the header alone is %d", ErrFormat, n, fixedHeaderBytes)
+			}
+			return nil, ErrNotSealed
+		}
+		return nil, err
+	}
+	h, n, err := parseFixed(fixed)
+	if err != nil {
+		return nil, err
+	}
+	if h.alg != AlgStreamAES256GCMHKDF {
+		return nil, fmt.Errorf("%w: algorithm %d is not an object's", ErrFormat, h.alg)
+	}
+	h.wrapped = make([]byte, n)
+	if _, err := io.ReadFull(r, h.wrapped); err != nil {
+		return nil, fmt.Errorf("%w: wrapped data key cut short: %v", ErrFormat, err)
+	}
+	o, err := k.openKey(ctx, h.kek, h.wrapped)
+	if err != nil {
+		return nil, err
+	}
+	t, err := subtle.NewAESGCMHKDF(o.key, tinkHKDF, tinkKeyBytes, int(h.segment), 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	hb := h.appendTo(make([]byte, 0, h.len()))
+	dr, err := t.NewDecryptingReader(r, aad(payloadLabel, hb, a.Topic, a.Key))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrAuthentication, err)
+	}
+	return &authReader{r: dr}, nil
+}
+
+// authReader maps Tink's decryption failures to ErrAuthentication.
+type authReader struct {
+	r   io.Reader
+	err error
+}
+
+func (a *authReader) Read(p []byte) (int, error) {
+	if a.err != nil {
+		return 0, a.err
+	}
+	n, err := a.r.Read(p)
+	if err != nil && err != io.EOF {
+		if errors.Is(err, io.ErrUnexpectedEOF) || !isIOError(err) {
+			err = fmt.Errorf("%w: %v", ErrAuthentication, err)
+		}
+		a.err = err
+	}
+	return n, err
+}
+
+// isIOError reports whether err came from the source reader rather than
+// from decryption: errors that are neither Tink's nor a short read.
+func isIOError(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.As(err, &ne) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
