@@ -2,11 +2,15 @@ package envelope
 
 import (
 	"context"
+	"crypto/cipher"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 
 	"github.com/tink-crypto/tink-go/v2/streamingaead/subtle"
+	"github.com/tink-crypto/tink-go/v2/streamingaead/subtle/noncebased"
+	tinksubtle "github.com/tink-crypto/tink-go/v2/subtle"
 )
 
 // Tink's AES256_GCM_HKDF streaming parameters (docs/FORMAT.md §9.2).
@@ -36,6 +40,11 @@ type StreamSealer struct {
 	hb      []byte
 	segment int
 	key     []byte
+	// salt and noncePrefix are Tink's header fields, drawn once per
+	// sealer: every NewWriter of one sealer writes the same bytes for the
+	// same plaintext (a store that reads its body twice, to hash it and
+	// to upload it, sees one object).
+	salt, noncePrefix []byte
 }
 
 // NewStreamSealer returns a sealer for one object of scope (its topic),
@@ -47,7 +56,12 @@ func (k *Keyring) NewStreamSealer(ctx context.Context, scope string) (*StreamSea
 		return nil, err
 	}
 	h := header{alg: AlgStreamAES256GCMHKDF, segment: DefaultSegmentBytes, kek: dk.kek, wrapped: dk.wrapped}
-	return &StreamSealer{h: h, hb: h.appendTo(nil), segment: DefaultSegmentBytes, key: dk.key}, nil
+	r := make([]byte, tinkKeyBytes+subtle.AESGCMHKDFNoncePrefixSizeInBytes)
+	if _, err := rand.Read(r); err != nil {
+		return nil, err
+	}
+	return &StreamSealer{h: h, hb: h.appendTo(nil), segment: DefaultSegmentBytes, key: dk.key,
+		salt: r[:tinkKeyBytes], noncePrefix: r[tinkKeyBytes:]}, nil
 }
 
 // HeaderBytes is the length of the Ferry header the sealer writes.
@@ -98,16 +112,44 @@ func PlainSize(sealed int64, headerBytes, segment int) (int64, bool) {
 // bound to a: the Ferry header and Tink's header are written at once, each
 // segment when it is full, the last one at Close, which must be called
 // (and its error checked) for the object to be complete. The writer
-// holds two segments of buffers.
+// holds two segments of buffers. It writes what Tink's
+// AESGCMHKDF.NewEncryptingWriter writes, with the sealer's salt and nonce
+// prefix instead of fresh ones, so that NewWriter called again (a retry
+// from offset 0) writes the same bytes for the same plaintext.
 func (s *StreamSealer) NewWriter(w io.Writer, a PayloadAAD) (io.WriteCloser, error) {
-	t, err := subtle.NewAESGCMHKDF(s.key, tinkHKDF, tinkKeyBytes, s.segment, 0)
+	dkey, err := tinksubtle.ComputeHKDF(tinkHKDF, s.key, s.salt, aad(payloadLabel, s.hb, a.Topic, a.Key), tinkKeyBytes)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := w.Write(s.hb); err != nil {
+	gcm, err := newGCM(dkey)
+	if err != nil {
 		return nil, err
 	}
-	return t.NewEncryptingWriter(w, aad(payloadLabel, s.hb, a.Topic, a.Key))
+	head := make([]byte, 0, len(s.hb)+tinkHeader)
+	head = append(append(append(append(head, s.hb...), tinkHeader), s.salt...), s.noncePrefix...)
+	if _, err := w.Write(head); err != nil {
+		return nil, err
+	}
+	return noncebased.NewWriter(noncebased.WriterParams{
+		W:                            w,
+		SegmentEncrypter:             segmentSealer{gcm},
+		NonceSize:                    subtle.AESGCMHKDFNonceSizeInBytes,
+		NoncePrefix:                  s.noncePrefix,
+		PlaintextSegmentSize:         s.segment - tinkTagBytes,
+		FirstCiphertextSegmentOffset: tinkHeader,
+	})
+}
+
+// segmentSealer seals one Tink segment with AES-GCM, no associated data
+// (the binding is in the derived key), into dst's storage when it fits.
+type segmentSealer struct{ gcm cipher.AEAD }
+
+func (e segmentSealer) EncryptSegment(segment, nonce []byte) ([]byte, error) {
+	return e.EncryptSegmentWithDst(nil, segment, nonce)
+}
+
+func (e segmentSealer) EncryptSegmentWithDst(dst, segment, nonce []byte) ([]byte, error) {
+	return e.gcm.Seal(dst[:0], nonce, segment, nil), nil
 }
 
 // OpenStream reads a sealed object's header from r, unwraps its data key
@@ -181,4 +223,25 @@ func (a *authReader) Read(p []byte) (int, error) {
 func isIOError(err error) bool {
 	var ne interface{ Timeout() bool }
 	return errors.As(err, &ne) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// FixedHeaderBytes is how many bytes of a sealed object PlainSizeOf needs.
+const FixedHeaderBytes = fixedHeaderBytes
+
+// PlainSizeOf returns the plaintext size of a sealed object of sealed bytes
+// whose first bytes are head (at least FixedHeaderBytes of them). Errors:
+// ErrNotSealed, ErrFormat (including a size no plaintext seals to).
+func PlainSizeOf(head []byte, sealed int64) (int64, error) {
+	h, n, err := parseFixed(head)
+	if err != nil {
+		return 0, err
+	}
+	if h.alg != AlgStreamAES256GCMHKDF {
+		return 0, fmt.Errorf("%w: algorithm %d is not an object's", ErrFormat, h.alg)
+	}
+	p, ok := PlainSize(sealed, fixedHeaderBytes+n, int(h.segment))
+	if !ok {
+		return 0, fmt.Errorf("%w: %d bytes is no sealed object's size", ErrFormat, sealed)
+	}
+	return p, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/ferrykit/ferry/serde"
 )
@@ -36,18 +37,28 @@ const (
 	// the topics this pattern matches besides its own (data mirrored under
 	// another topic name without Ferry). Default: none.
 	KeyReferenceResolveTopics = "large.message.reference.resolve.topics"
-	KeyMaxBlock               = "max.block.ms"
-	KeyMaxPollInterval        = "max.poll.interval.ms"
-	KeyCompressionType        = "compression.type"
-	defaultMaxBlock           = 60 * time.Second
-	defaultMaxPollInterval    = 300 * time.Second
+	// Payload encryption (docs/OPERATIONS.md, docs/FORMAT.md §9): the
+	// key-encryption key that wraps new data keys, a gocloud.dev/secrets
+	// URL; older keys still read; how long (ms) and for how many payloads
+	// one data key serves; whether objects that are not encrypted are read.
+	KeyEncryptionKeyURL         = "large.message.payload.encryption.key.url"
+	KeyEncryptionDecryptKeyURLs = "large.message.payload.encryption.decrypt.key.urls"
+	KeyEncryptionDataKeyMaxAge  = "large.message.payload.encryption.data.key.max.age.ms"
+	KeyEncryptionDataKeyMaxUses = "large.message.payload.encryption.data.key.max.uses"
+	KeyEncryptionAllowPlaintext = "large.message.payload.encryption.allow.plaintext"
+	KeyMaxBlock                 = "max.block.ms"
+	KeyMaxPollInterval          = "max.poll.interval.ms"
+	KeyCompressionType          = "compression.type"
+	defaultMaxBlock             = 60 * time.Second
+	defaultMaxPollInterval      = 300 * time.Second
 )
 
 // Keys returns the large.message.* configuration keys Ferry knows.
 func Keys() []string {
 	return []string{KeyCustomMetadataMax, KeyIDGenerator, KeyPartSize, KeyRetryBackoff, KeyRetryCount,
 		KeyRetryMaxBackoff, KeyStoreTimeout, KeyUploadConcurrency, KeyStoreURL, KeySkipNotFound, KeyThreshold,
-		KeyReferenceCopyTopics, KeyReferenceResolveTopics}
+		KeyReferenceCopyTopics, KeyReferenceResolveTopics, KeyEncryptionKeyURL, KeyEncryptionDecryptKeyURLs,
+		KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionAllowPlaintext}
 }
 
 // Config is the large-message Serializer/Deserializer configuration.
@@ -90,6 +101,20 @@ type Config struct {
 	// topics whose objects a consumed record may reference besides its
 	// own. nil (the default): none.
 	ResolveTopics *regexp.Regexp
+	// Encryption is the payload encryption's keyring configuration
+	// (large.message.payload.encryption.key.url, .decrypt.key.urls,
+	// .data.key.max.age.ms, default 3600000, .data.key.max.uses, default
+	// 1000000). No key URL at all: payloads are stored as they are.
+	Encryption envelope.Config
+	// AllowPlaintext (large.message.payload.encryption.allow.plaintext,
+	// default false): with encryption on, objects that are not encrypted
+	// (written before it was turned on) are still read.
+	AllowPlaintext bool
+}
+
+// Encrypting reports whether payloads are encrypted (a key URL is set).
+func (c Config) Encrypting() bool {
+	return c.Encryption.KeyURL != "" || len(c.Encryption.DecryptKeyURLs) > 0
 }
 
 // TopicPattern compiles a pattern of large.message.reference.*.topics (or
@@ -156,6 +181,16 @@ func ParseConfig(props map[string]string) (Config, error) {
 	intKey(KeyRetryCount, &retries)
 	intKey(KeyCustomMetadataMax, &metaMax)
 	c.Policy.RetryCount, c.Policy.CustomMetadataMaxBytes = int(retries), int(metaMax)
+	maxAge, maxUses := int64(envelope.DefaultDataKeyMaxAge/time.Millisecond), int64(envelope.DefaultDataKeyMaxUses)
+	intKey(KeyEncryptionDataKeyMaxAge, &maxAge)
+	intKey(KeyEncryptionDataKeyMaxUses, &maxUses)
+	c.Encryption.DataKeyMaxAge, c.Encryption.DataKeyMaxUses = time.Duration(maxAge)*time.Millisecond, maxUses
+	c.Encryption.KeyURL = strings.TrimSpace(props[KeyEncryptionKeyURL])
+	for _, u := range strings.Split(props[KeyEncryptionDecryptKeyURLs], ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			c.Encryption.DecryptKeyURLs = append(c.Encryption.DecryptKeyURLs, u)
+		}
+	}
 	partSize, conc := int64(0), int64(0)
 	intKey(KeyPartSize, &partSize)
 	intKey(KeyUploadConcurrency, &conc)
@@ -163,9 +198,14 @@ func ParseConfig(props map[string]string) (Config, error) {
 	if err != nil {
 		return c, err
 	}
-	if v, ok := props[KeySkipNotFound]; ok {
-		if c.SkipNotFound, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
-			return c, fmt.Errorf("%s: %q is not true or false", KeySkipNotFound, v)
+	for _, b := range []struct {
+		key string
+		dst *bool
+	}{{KeySkipNotFound, &c.SkipNotFound}, {KeyEncryptionAllowPlaintext, &c.AllowPlaintext}} {
+		if v, ok := props[b.key]; ok {
+			if *b.dst, err = strconv.ParseBool(strings.TrimSpace(v)); err != nil {
+				return c, fmt.Errorf("%s: %q is not true or false", b.key, v)
+			}
 		}
 	}
 	for _, ch := range []struct {
@@ -215,6 +255,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
 			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxBlock, c.MaxBlock.Milliseconds())
 	}
+	if c.Encrypting() && (c.Encryption.DataKeyMaxAge <= 0 || c.Encryption.DataKeyMaxUses <= 0) {
+		return fmt.Errorf("%s and %s must be > 0", KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses)
+	}
 	if c.MaxPollInterval > 0 && c.Policy.Timeout > c.MaxPollInterval {
 		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
 			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxPollInterval, c.MaxPollInterval.Milliseconds())
@@ -249,6 +292,14 @@ func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.Payl
 		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency})
 	if err != nil {
 		return nil, err
+	}
+	if c.Encrypting() {
+		k, err := envelope.OpenKeyring(ctx, c.Encryption)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("%s: %w", KeyEncryptionKeyURL, err)
+		}
+		s = payloadstore.Encrypted(s, payloadstore.Encryption{Keyring: k, AllowPlaintext: c.AllowPlaintext, IDGenerator: c.IDGenerator})
 	}
 	return payloadstore.Wrap(s, c.Policy), nil
 }
