@@ -69,8 +69,13 @@ type encryptedStore struct {
 }
 
 // onePass: the plaintext is hashed while it is sealed, unless a content id
-// needs its digest first.
-func (e *encryptedStore) onePass(p Payload) bool { return p.ID != "" || randomIDs(e.enc.IDGenerator) }
+// needs its digest first, or the store under it reads its body twice (the
+// cloud stores hash it first: the plaintext is then sealed twice, with the
+// same bytes each time).
+func (e *encryptedStore) onePass(p Payload) bool {
+	inner, ok := e.PayloadStore.(hashingStore)
+	return ok && inner.onePass(Payload{ID: "sealed", Unhashed: true}) && (p.ID != "" || randomIDs(e.enc.IDGenerator))
+}
 
 func (e *encryptedStore) Close() error {
 	return errors.Join(e.PayloadStore.Close(), e.enc.Keyring.Close())
