@@ -29,17 +29,21 @@ func (k *Keyring) SealRecord(ctx context.Context, dst, plain []byte, a RecordAAD
 	if err != nil {
 		return nil, err
 	}
-	gcm := dk.gcm
+	var nonce [12]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return nil, err
+	}
+	return sealRecord(dst, dk, nonce[:], plain, a), nil
+}
+
+// sealRecord is SealRecord with the data key and nonce given.
+func sealRecord(dst []byte, dk dataKey, nonce, plain []byte, a RecordAAD) []byte {
 	h := header{alg: AlgAES256GCM, kek: dk.kek, wrapped: dk.wrapped}
 	start := len(dst)
 	dst = h.appendTo(dst)
 	hb := dst[start:]
-	nonce := make([]byte, gcm.NonceSize())
-	if _, err := rand.Read(nonce); err != nil {
-		return nil, err
-	}
 	dst = append(dst, nonce...)
-	return gcm.Seal(dst, nonce, plain, aad(recordLabel, hb, a.Topic, a.Field)), nil
+	return dk.gcm.Seal(dst, nonce, plain, aad(recordLabel, hb, a.Topic, a.Field))
 }
 
 // SealedRecordSize is the size of SealRecord's output for plain bytes and a

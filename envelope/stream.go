@@ -55,13 +55,19 @@ func (k *Keyring) NewStreamSealer(ctx context.Context, scope string) (*StreamSea
 	if err != nil {
 		return nil, err
 	}
-	h := header{alg: AlgStreamAES256GCMHKDF, segment: DefaultSegmentBytes, kek: dk.kek, wrapped: dk.wrapped}
 	r := make([]byte, tinkKeyBytes+subtle.AESGCMHKDFNoncePrefixSizeInBytes)
 	if _, err := rand.Read(r); err != nil {
 		return nil, err
 	}
-	return &StreamSealer{h: h, hb: h.appendTo(nil), segment: DefaultSegmentBytes, key: dk.key,
-		salt: r[:tinkKeyBytes], noncePrefix: r[tinkKeyBytes:]}, nil
+	return newStreamSealer(dk, r[:tinkKeyBytes], r[tinkKeyBytes:]), nil
+}
+
+// newStreamSealer is a sealer with the given data key, salt (32 bytes) and
+// nonce prefix (7 bytes): random ones in NewStreamSealer, fixed ones for
+// the test vectors of docs/FORMAT.md.
+func newStreamSealer(dk dataKey, salt, noncePrefix []byte) *StreamSealer {
+	h := header{alg: AlgStreamAES256GCMHKDF, segment: DefaultSegmentBytes, kek: dk.kek, wrapped: dk.wrapped}
+	return &StreamSealer{h: h, hb: h.appendTo(nil), segment: DefaultSegmentBytes, key: dk.key, salt: salt, noncePrefix: noncePrefix}
 }
 
 // HeaderBytes is the length of the Ferry header the sealer writes.
