@@ -14,8 +14,8 @@ const KeySide = "side"
 // besides the large.message.* keys of large-message (largemessage.Keys,
 // largemessage.ParseConfig).
 func Keys() []string {
-	return []string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
-		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile}
+	return append([]string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
+		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile}, encryptKeys...)
 }
 
 // named is the common part of the built-ins.
