@@ -176,11 +176,30 @@ func (e *encryptedStore) Download(ctx context.Context, fullPath string) (io.Read
 		}
 		return nil, &Error{Op: "download", Path: fullPath, Retryable: kmsRetryable(err), Err: err}
 	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{r, rc}, nil
+	return &openedObject{r: r, rc: rc, path: fullPath}, nil
 }
+
+// openedObject reads a sealed object's plaintext; a failure to authenticate
+// is an *Error that is not retryable (the bytes are wrong, not the store
+// unreachable).
+type openedObject struct {
+	r    io.Reader
+	rc   io.ReadCloser
+	path string
+}
+
+func (o *openedObject) Read(p []byte) (int, error) {
+	n, err := o.r.Read(p)
+	if err != nil && err != io.EOF {
+		var se *Error
+		if !errors.As(err, &se) && (errors.Is(err, envelope.ErrAuthentication) || errors.Is(err, envelope.ErrFormat)) {
+			err = &Error{Op: "download", Path: o.path, Err: err}
+		}
+	}
+	return n, err
+}
+
+func (o *openedObject) Close() error { return o.rc.Close() }
 
 // open returns the plaintext of the object rc reads, at key.
 func (e *encryptedStore) open(ctx context.Context, rc io.Reader, key string) (io.Reader, error) {

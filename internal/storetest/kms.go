@@ -1,12 +1,10 @@
 package storetest
 
 import (
-	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"net/url"
 	"testing"
-	"time"
+
+	"github.com/ferrykit/ferry/internal/faultproxy"
 )
 
 // KMSKeyURL returns the gocloud.dev/secrets URL (awskms://alias/...?region=
@@ -36,55 +34,35 @@ func KMSKeyURL(t testing.TB, which string) string {
 	return NeedEnv(t, name, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")[0]
 }
 
-// KMSStop stops the test KMS server (scripts/object-stores kms-stop): a KMS
-// outage until KMSStart, or until the end of the test, which starts it again
-// on the same port with the same keys. The server is shared by every test
-// package that uses it, so a test that stops it must not run beside other KMS
-// tests.
-func KMSStop(t testing.TB) {
+// KMSKeyURLViaFaultProxy is KMSKeyURL reached through a fault proxy
+// (internal/faultproxy) in front of the test KMS server: the URL names the
+// same key with the proxy as its endpoint, so a test can make the KMS
+// refuse connections (faultproxy.Down), throttle (Throttle, 503) or hang
+// (Slow) for its own keepers alone. (Stopping the shared server would be an
+// outage for every package go test runs beside it.) The key id Ferry
+// derives from the URL (envelope.KeyIDOf) leaves the query out, so what is
+// sealed through the proxy opens with the direct URL and the other way
+// round. The proxy passes the client's Host header on (local-kms checks no
+// signature, and AWS SigV4 signs the Host) and is closed at the end of the
+// test.
+func KMSKeyURLViaFaultProxy(t testing.TB, which string) (keyURL string, fp *faultproxy.Proxy) {
 	t.Helper()
-	kmsCtl(t, "kms-stop")
-	t.Cleanup(func() { kmsCtl(t, "kms-start") })
-}
-
-// KMSStart starts the test KMS server again after KMSStop and waits until it
-// answers; it does nothing when the server runs.
-func KMSStart(t testing.TB) {
-	t.Helper()
-	kmsCtl(t, "kms-start")
-}
-
-// kmsCtl runs scripts/object-stores with cmd for the servers of
-// FERRY_STORES_STATE.
-func kmsCtl(t testing.TB, cmd string) {
-	t.Helper()
-	NeedEnv(t, "FERRY_KMS_ENDPOINT", "FERRY_STORES_STATE")
-	script := objectStoresScript(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, script, cmd).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", script, cmd, err, out)
-	}
-}
-
-// objectStoresScript finds scripts/object-stores in the working directory
-// (go test runs in the package's directory) or a parent of it.
-func objectStoresScript(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
+	direct := KMSKeyURL(t, which)
+	endpoint := NeedEnv(t, "FERRY_KMS_ENDPOINT")[0]
+	fp, err := faultproxy.New(endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		p := filepath.Join(dir, "scripts", "object-stores")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("scripts/object-stores not found in the working directory or a parent of it")
-		}
-		dir = parent
+	t.Cleanup(fp.Close)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatalf("%s: %v", direct, err)
 	}
+	q := u.Query()
+	if q.Get("endpoint") == "" {
+		t.Fatalf("storetest.KMSKeyURLViaFaultProxy: %s names no endpoint", direct)
+	}
+	q.Set("endpoint", fp.URL())
+	u.RawQuery = q.Encode()
+	return u.String(), fp
 }
