@@ -14,6 +14,7 @@ import (
 	"gocloud.dev/secrets"
 	"gocloud.dev/secrets/awskms"
 
+	"github.com/ferrykit/ferry/internal/faultproxy"
 	"github.com/ferrykit/ferry/internal/storetest"
 )
 
@@ -111,47 +112,83 @@ func kmsConfig(t *testing.T, keyURL string) aws.Config {
 	return cfg
 }
 
-// After scripts/object-stores kms-stop an Encrypt fails within seconds, and
-// after kms-start the same key works again.
+// A KMS outage through storetest.KMSKeyURLViaFaultProxy: with the fault
+// proxy dropping connections unanswered or answering 503, Encrypt and Decrypt through
+// the proxied URL fail within seconds, while the shared server still serves
+// the direct URL (other tests and packages use it meanwhile); once the fault
+// is cleared the proxied URL works again, with the same key material as the
+// direct one.
 func TestKMSOutage(t *testing.T) {
-	k := openKeeper(t, "")
+	viaURL, fp := storetest.KMSKeyURLViaFaultProxy(t, "")
+	via, err := secrets.OpenKeeper(context.Background(), viaURL)
+	if err != nil {
+		t.Fatalf("open keeper %s: %v", viaURL, err)
+	}
+	t.Cleanup(func() { _ = via.Close() })
+	direct := openKeeper(t, "")
 	plain := make([]byte, 32)
 	if _, err := rand.Read(plain); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	before, err := k.Encrypt(ctx, plain)
+	before, err := via.Encrypt(ctx, plain)
 	cancel()
 	if err != nil {
-		t.Fatalf("Encrypt before the outage: %v", err)
+		t.Fatalf("Encrypt through the fault proxy before the outage: %v", err)
+	}
+	if fp.Count(faultproxy.Pass) == 0 {
+		t.Fatal("the proxied key URL did not go through the fault proxy")
 	}
 
-	storetest.KMSStop(t)
-	start := time.Now()
-	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
-	_, err = k.Encrypt(ctx, plain)
-	cancel()
-	took := time.Since(start)
-	if err == nil {
-		t.Fatal("Encrypt succeeded with the KMS server stopped")
+	for _, fault := range []struct {
+		name string
+		mode faultproxy.Mode
+	}{{"connection dropped unanswered", faultproxy.Down}, {"503", faultproxy.Throttle}} {
+		fp.Set(fault.mode, -1)
+		seen := fp.Count(fault.mode)
+		for op, call := range map[string]func(context.Context) error{
+			"Encrypt": func(ctx context.Context) error { _, err := via.Encrypt(ctx, plain); return err },
+			"Decrypt": func(ctx context.Context) error { _, err := via.Decrypt(ctx, before); return err },
+		} {
+			start := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := call(ctx)
+			cancel()
+			took := time.Since(start)
+			if err == nil {
+				t.Fatalf("%s: %s succeeded through the failing proxy", fault.name, op)
+			}
+			if took > 9*time.Second {
+				t.Fatalf("%s: %s failed only after %v", fault.name, op, took)
+			}
+			t.Logf("%s: %s failed after %v: %v", fault.name, op, took.Round(time.Millisecond), err)
+		}
+		if fp.Count(fault.mode) == seen {
+			t.Fatalf("%s: the fault proxy saw no request in that mode", fault.name)
+		}
+		// The shared server is up all along for everyone else.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		got, err := direct.Decrypt(ctx, before)
+		cancel()
+		if err != nil || !bytes.Equal(got, plain) {
+			t.Fatalf("%s: the direct key URL failed during the proxied outage: %x, %v", fault.name, got, err)
+		}
 	}
-	if took > 6*time.Second {
-		t.Fatalf("Encrypt failed only after %v with the KMS server stopped", took)
-	}
-	t.Logf("Encrypt during the outage failed after %v: %v", took.Round(time.Millisecond), err)
 
-	storetest.KMSStart(t)
+	fp.Set(faultproxy.Pass, -1)
 	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	after, err := k.Encrypt(ctx, plain)
+	after, err := via.Encrypt(ctx, plain)
 	if err != nil {
-		t.Fatalf("Encrypt after kms-start: %v", err)
+		t.Fatalf("Encrypt once the fault is cleared: %v", err)
 	}
-	// The same key material: both ciphertexts decrypt.
+	// The same key material, through the proxy and directly.
 	for name, ct := range map[string][]byte{"before": before, "after": after} {
-		got, err := k.Decrypt(ctx, ct)
-		if err != nil || !bytes.Equal(got, plain) {
-			t.Fatalf("Decrypt of the ciphertext made %s the outage: %x, %v", name, got, err)
+		for kname, k := range map[string]*secrets.Keeper{"proxied": via, "direct": direct} {
+			got, err := k.Decrypt(ctx, ct)
+			if err != nil || !bytes.Equal(got, plain) {
+				t.Fatalf("Decrypt (%s keeper) of the ciphertext made %s the outage: %x, %v", kname, name, got, err)
+			}
 		}
 	}
 }
