@@ -10,6 +10,7 @@ import (
 	"io"
 	"regexp"
 
+	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -256,6 +257,7 @@ type verifier struct {
 	path string
 	fail func(error) error
 	err  error
+	head []byte // the first bytes, to tell an encrypted object in an error
 }
 
 func (v *verifier) Read(p []byte) (int, error) {
@@ -265,13 +267,16 @@ func (v *verifier) Read(p []byte) (int, error) {
 	n, err := v.r.Read(p)
 	v.n += int64(n)
 	v.h.Write(p[:n])
+	if len(v.head) < len(envelope.Magic) {
+		v.head = append(v.head, p[:min(n, len(envelope.Magic)-len(v.head))]...)
+	}
 	switch {
 	case v.n > v.size:
-		v.err = v.fail(fmt.Errorf("%w: more than %d bytes", ErrSizeMismatch, v.size))
+		v.err = v.fail(fmt.Errorf("%w: more than %d bytes%s", ErrSizeMismatch, v.size, v.sealedHint()))
 		return 0, v.err
 	case err == io.EOF:
 		if v.n != v.size {
-			v.err = v.fail(fmt.Errorf("%w: %d bytes, header says %d", ErrSizeMismatch, v.n, v.size))
+			v.err = v.fail(fmt.Errorf("%w: %d bytes, header says %d%s", ErrSizeMismatch, v.n, v.size, v.sealedHint()))
 		} else if got := v.h.Sum(nil); !bytes.Equal(got, v.sum) {
 			v.err = v.fail(fmt.Errorf("%w: got %x, header says %x", ErrDigestMismatch, got, v.sum))
 		} else {
@@ -290,6 +295,15 @@ func (v *verifier) Read(p []byte) (int, error) {
 }
 
 func (v *verifier) Close() error { return v.rc.Close() }
+
+// sealedHint explains a size mismatch of an encrypted object read by a
+// consumer without encryption configured.
+func (v *verifier) sealedHint() string {
+	if envelope.IsSealed(v.head) {
+		return " (the object is encrypted: set " + KeyEncryptionKeyURL + ")"
+	}
+	return ""
+}
 
 // ResolvedGrowth says by how many bytes resolving rec will change its key
 // and value, from the size headers Ferry writes (the payloads' sizes less

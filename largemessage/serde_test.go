@@ -3,8 +3,9 @@ package largemessage_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
+	crand "crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
 )
@@ -36,6 +38,17 @@ type env struct {
 	ser   *largemessage.Serializer
 	de    *largemessage.Deserializer
 	skip  *largemessage.Deserializer // large.message.skip.not.found.error=true
+	// keyURL, when set, encrypts the payloads
+	// (large.message.payload.encryption.key.url): the objects on disk are
+	// sealed, and every promise of the serde must hold the same.
+	keyURL string
+}
+
+// testKeyURL is a fresh base64key:// KEK.
+func testKeyURL() string {
+	k := make([]byte, 32)
+	crand.Read(k)
+	return "base64key://" + base64.URLEncoding.EncodeToString(k)
 }
 
 var memSeq atomic.Int64
@@ -45,13 +58,16 @@ var memSeq atomic.Int64
 func envs(t *testing.T) []*env {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "store")
+	encDir := filepath.Join(t.TempDir(), "sealed")
 	out := []*env{
 		{name: "mem", url: fmt.Sprintf("mem://serde-%d", memSeq.Add(1))},
 		{name: "file", url: "file://" + dir, dir: dir},
+		{name: "file+encryption", url: "file://" + encDir, dir: encDir, keyURL: testKeyURL()},
 	}
 	for _, e := range out {
 		cfg := largemessage.DefaultConfig()
 		cfg.StoreURL = e.url
+		cfg.Encryption.KeyURL = e.keyURL
 		cfg.Policy.RetryBackoff = time.Millisecond
 		s, err := cfg.OpenStore(context.Background())
 		if err != nil {
@@ -79,7 +95,7 @@ var defaultLimits = largemessage.DeriveLimits(0, 0, 0)
 func random(t testing.TB, n int) []byte {
 	t.Helper()
 	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
+	if _, err := crand.Read(b); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -168,7 +184,13 @@ func checkSide(t *testing.T, e *env, rec *kgo.Record, key bool, want []byte) lar
 	if e.dir != "" {
 		id := strings.TrimPrefix(ref.FullPayloadPath, prefix)
 		onDisk, err := os.ReadFile(filepath.Join(e.dir, rec.Topic, id))
-		if err != nil || !bytes.Equal(onDisk, want) {
+		switch {
+		case e.keyURL != "":
+			// Sealed: the magic, and no run of the payload's bytes.
+			if err != nil || !bytes.HasPrefix(onDisk, []byte("FERRYENC")) || len(want) >= 64 && bytes.Contains(onDisk, want[len(want)/2:len(want)/2+64]) {
+				t.Fatalf("<dir>/<topic>/<id> is not the sealed payload: %v", err)
+			}
+		case err != nil || !bytes.Equal(onDisk, want):
 			t.Fatalf("<dir>/<topic>/<id> does not hold the payload: %v", err)
 		}
 	}
@@ -986,4 +1008,66 @@ func TestOffloadValueStreamPayload(t *testing.T) {
 			t.Fatalf("the record got a value (%q) from a failed offload", rec.Value)
 		}
 	})
+}
+
+// An encrypted payload altered at rest (a byte flipped in the sealed object,
+// the object cut short, or swapped for another record's object of the same
+// topic) fails with a *RecordError wrapping envelope.ErrAuthentication that
+// is not retryable, and never gives bytes that are not the payload's; a
+// consumer without encryption configured is told the object is encrypted.
+func TestResolveEncryptedTampered(t *testing.T) {
+	e := envs(t)[2]
+	if e.keyURL == "" {
+		t.Fatal("envs()[2] is not the encrypted store")
+	}
+	ctx := context.Background()
+	file := func(ref largemessage.PayloadReferenceValue) string {
+		return filepath.Join(e.dir, filepath.FromSlash(strings.TrimPrefix(ref.FullPayloadPath, e.url+"/")))
+	}
+	_, _, otherRef := offloaded(t, e, 300<<10)
+	other, err := os.ReadFile(file(otherRef))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, mutate := range map[string]func([]byte) []byte{
+		"byte flipped mid-object": func(b []byte) []byte { b = bytes.Clone(b); b[len(b)/2] ^= 1; return b },
+		"cut short":               func(b []byte) []byte { return b[:len(b)-300] },
+		"swapped":                 func([]byte) []byte { return other },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rec, payload, ref := offloaded(t, e, 300<<10)
+			sealed, err := os.ReadFile(file(ref))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(file(ref), mutate(sealed), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			before := cloneRecord(rec)
+			err = e.de.Resolve(ctx, rec)
+			if !errors.Is(err, envelope.ErrAuthentication) {
+				t.Fatalf("Resolve: %v, want ErrAuthentication", err)
+			}
+			recordError(t, err, rec, "value")
+			if payloadstore.IsRetryable(err) {
+				t.Errorf("a tampered object is retryable: %v", err)
+			}
+			if !bytes.Equal(rec.Value, before.Value) || bytes.Equal(rec.Value, payload) {
+				t.Fatal("a failed Resolve changed the record")
+			}
+		})
+	}
+	// Read without encryption: the size check fails and says why.
+	rec, _, _ := offloaded(t, e, 300<<10)
+	plainCfg := largemessage.DefaultConfig()
+	plainCfg.StoreURL = e.url
+	s, err := plainCfg.OpenStore(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	err = largemessage.NewDeserializer(s, false).Resolve(ctx, rec)
+	if !errors.Is(err, largemessage.ErrSizeMismatch) || !strings.Contains(err.Error(), largemessage.KeyEncryptionKeyURL) {
+		t.Fatalf("without encryption: %v, want a size mismatch naming %s", err, largemessage.KeyEncryptionKeyURL)
+	}
 }
