@@ -150,6 +150,14 @@ func (l *ledger) charge(ctx context.Context, n int64) error {
 	if n > l.mem.limit {
 		return fmt.Errorf("%w: %d bytes needed at once, the budget is %d", ErrMemoryBusy, n, l.mem.limit)
 	}
+	// Room now, and no one queued before: taken without a timer (a
+	// per-record Reserve must not cost a context and a timer each), as
+	// Acquire would take it.
+	if ctx.Err() == nil && l.mem.sem.TryAcquire(n) {
+		l.mem.inUse.Add(n)
+		l.held += n
+		return nil
+	}
 	if l.wait > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.wait)
