@@ -903,9 +903,10 @@ func topicIDOf(ctx context.Context, adm *kadm.Client, topic string) (string, err
 
 // moveKeepsVersion reports whether store's Move keeps the object's Version
 // (and ModTime): a rename in the file store, a map move in the mem store.
-// The cloud stores copy, which gives the copy a new ModTime.
+// The cloud stores copy, which gives the copy a new ModTime. An encrypted
+// store moves its sealed objects with the store under it.
 func moveKeepsVersion(store payloadstore.PayloadStore) bool {
-	switch payloadstore.Unwrap(store).(type) {
+	switch payloadstore.Underlying(store).(type) {
 	case *payloadstore.FileStore, *payloadstore.MemStore:
 		return true
 	}

@@ -3,6 +3,8 @@ package lifecycle_test
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/lifecycle"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -248,9 +251,25 @@ func TestCollectRepublishedBeforeMove(t *testing.T) {
 // time), makes gc restore the object; the other quarantined object is
 // deleted.
 func TestCollectRestoresObjectReferencedDuringSettle(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { collectRestores(t, memStore(t, nil)) })
+	// Encrypted: the quarantine moves sealed objects and back to their
+	// own key, where they still open.
+	t.Run("encrypted", func(t *testing.T) {
+		k := make([]byte, 32)
+		crand.Read(k)
+		kr, err := envelope.OpenKeyring(context.Background(), envelope.Config{KeyURL: "base64key://" + base64.URLEncoding.EncodeToString(k)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := payloadstore.Encrypted(memStore(t, nil), payloadstore.Encryption{Keyring: kr})
+		t.Cleanup(func() { s.Close() })
+		collectRestores(t, s)
+	})
+}
+
+func collectRestores(t *testing.T, mem payloadstore.PayloadStore) {
 	ctx := ctxT(t)
 	cl := newCluster(t)
-	mem := memStore(t, nil)
 	cfg := largemessage.DefaultConfig()
 	cfg.Threshold = 500
 	prod, err := largemessage.NewProducer(cl, mem, cfg)

@@ -37,6 +37,17 @@ func IsEncrypted(s PayloadStore) bool {
 	return ok
 }
 
+// Underlying returns the store that holds the bytes under s: Unwrap's
+// result, and under an Encrypted store the store it seals into. Its
+// ObjectStore operations (Move, Stat, …) are those s performs.
+func Underlying(s PayloadStore) PayloadStore {
+	s = Unwrap(s)
+	if e, ok := s.(*encryptedStore); ok {
+		return Unwrap(e.PayloadStore)
+	}
+	return s
+}
+
 // ErrPlaintextRefused: Download found an object that is not sealed, and
 // AllowPlaintext is off.
 var ErrPlaintextRefused = errors.New("the object is not encrypted (large.message.payload.encryption.allow.plaintext is false)")
