@@ -255,3 +255,18 @@ func TestOpenKeyringRefuses(t *testing.T) {
 		t.Errorf("decrypt-only keyring sealed: %v", err)
 	}
 }
+
+// The caches hold at most CacheMaxEntries keys each way.
+func TestCacheBound(t *testing.T) {
+	k := openTest(t, Config{KeyURL: testKeyURL(t), CacheMaxEntries: 3})
+	for i := range 10 {
+		if _, err := k.SealRecord(context.Background(), nil, []byte("x"), RecordAAD{Topic: string(rune('a' + i)), Field: "value"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.sealing) != 3 || len(k.opened) != 3 {
+		t.Fatalf("caches hold %d and %d keys, want 3 each", len(k.sealing), len(k.opened))
+	}
+}

@@ -46,6 +46,7 @@ const (
 	KeyEncryptionDataKeyMaxAge  = "large.message.payload.encryption.data.key.max.age.ms"
 	KeyEncryptionDataKeyMaxUses = "large.message.payload.encryption.data.key.max.uses"
 	KeyEncryptionAllowPlaintext = "large.message.payload.encryption.allow.plaintext"
+	KeyEncryptionCacheMax       = "large.message.payload.encryption.data.key.cache.max.entries"
 	KeyMaxBlock                 = "max.block.ms"
 	KeyMaxPollInterval          = "max.poll.interval.ms"
 	KeyCompressionType          = "compression.type"
@@ -58,7 +59,7 @@ func Keys() []string {
 	return []string{KeyCustomMetadataMax, KeyIDGenerator, KeyPartSize, KeyRetryBackoff, KeyRetryCount,
 		KeyRetryMaxBackoff, KeyStoreTimeout, KeyUploadConcurrency, KeyStoreURL, KeySkipNotFound, KeyThreshold,
 		KeyReferenceCopyTopics, KeyReferenceResolveTopics, KeyEncryptionKeyURL, KeyEncryptionDecryptKeyURLs,
-		KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionAllowPlaintext}
+		KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionAllowPlaintext, KeyEncryptionCacheMax}
 }
 
 // Config is the large-message Serializer/Deserializer configuration.
@@ -104,7 +105,9 @@ type Config struct {
 	// Encryption is the payload encryption's keyring configuration
 	// (large.message.payload.encryption.key.url, .decrypt.key.urls,
 	// .data.key.max.age.ms, default 3600000, .data.key.max.uses, default
-	// 1000000). No key URL at all: payloads are stored as they are.
+	// 1000000, .data.key.cache.max.entries, default 1000: data keys held
+	// for sealing, one per topic, and unwrapped ones held for opening).
+	// No key URL at all: payloads are stored as they are.
 	Encryption envelope.Config
 	// AllowPlaintext (large.message.payload.encryption.allow.plaintext,
 	// default false): with encryption on, objects that are not encrypted
@@ -185,6 +188,9 @@ func ParseConfig(props map[string]string) (Config, error) {
 	intKey(KeyEncryptionDataKeyMaxAge, &maxAge)
 	intKey(KeyEncryptionDataKeyMaxUses, &maxUses)
 	c.Encryption.DataKeyMaxAge, c.Encryption.DataKeyMaxUses = time.Duration(maxAge)*time.Millisecond, maxUses
+	cacheMax := int64(envelope.DefaultCacheMaxEntries)
+	intKey(KeyEncryptionCacheMax, &cacheMax)
+	c.Encryption.CacheMaxEntries = int(cacheMax)
 	c.Encryption.KeyURL = strings.TrimSpace(props[KeyEncryptionKeyURL])
 	for _, u := range strings.Split(props[KeyEncryptionDecryptKeyURLs], ",") {
 		if u = strings.TrimSpace(u); u != "" {
@@ -255,8 +261,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
 			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxBlock, c.MaxBlock.Milliseconds())
 	}
-	if c.Encrypting() && (c.Encryption.DataKeyMaxAge <= 0 || c.Encryption.DataKeyMaxUses <= 0) {
-		return fmt.Errorf("%s and %s must be > 0", KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses)
+	if c.Encrypting() && (c.Encryption.DataKeyMaxAge <= 0 || c.Encryption.DataKeyMaxUses <= 0 || c.Encryption.CacheMaxEntries <= 0) {
+		return fmt.Errorf("%s, %s and %s must be > 0", KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionCacheMax)
 	}
 	if c.MaxPollInterval > 0 && c.Policy.Timeout > c.MaxPollInterval {
 		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
