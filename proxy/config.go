@@ -97,7 +97,7 @@ type Config struct {
 	SNI SNIConfig
 	// Interceptors run on produce requests and fetch responses of matching
 	// topics, in order (`interceptors`: a list of {name, config}); the
-	// built-ins are large-message, validate-json and redact
+	// built-ins are large-message, validate-json, redact and encrypt
 	// (docs/INTERCEPTORS.md). Empty: every request passes opaque.
 	Interceptors []interceptor.Spec
 	// InterceptorTimeout is the time budget of one interceptor call
