@@ -19,6 +19,7 @@ import (
 	"io"
 	"io/fs"
 	"math/rand/v2"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,11 +31,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferrykit/ferry/envelope"
+	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/internal/cli"
 	"github.com/ferrykit/ferry/internal/faultproxy"
 	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/proxy"
 )
 
 // epConfig is the library configuration of an encrypting store at storeURL
@@ -480,6 +483,28 @@ func TestEncryptedPayloadTamper(t *testing.T) {
 		want := []error{largemessage.ErrSizeMismatch}
 		epCheckRefused(t, "no encryption", epConsume(t, plain, intact, 1), intactRefs, intactValues, want)
 		epCLIRefused(t, intact, storeURL, 1, "size does not match")
+		// Streamed (OpenValue, ferry consume to standard output), the
+		// size check fails only once more bytes than the size header
+		// came: the ciphertext up to that size comes out first, as any
+		// payload's bytes do before a digest mismatch (docs: "a value
+		// streams out as it is read"). Logged, not asserted.
+		store, err := plain.OpenStoreForReading(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		r := *intactRefs[0]
+		r.Value = bytes.Clone(r.Value)
+		rc, _, err := plain.NewDeserializer(store).OpenValue(ctxT(t, time.Minute), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if !errors.Is(err, largemessage.ErrSizeMismatch) {
+			t.Fatalf("streamed without encryption: %v, want ErrSizeMismatch", err)
+		}
+		t.Logf("streamed without encryption: %d bytes (sealed: %v) before %v", len(got), envelope.IsSealed(got), err)
 	})
 	// After all that, the intact record still reads.
 	if got := epConsume(t, cfg, intact, 1); got[0].Err != nil || !bytes.Equal(got[0].Value, intactValues[0]) {
@@ -785,4 +810,209 @@ func TestEncryptedPayloadClientsProxy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kmsCalls counts the requests a fault proxy in front of the KMS passed on.
+func kmsCalls(fp *faultproxy.Proxy) int { return fp.Count(faultproxy.Pass) }
+
+// The data key's bounds, set as properties (largemessage.ParseConfig), as
+// the real KMS sees them: with data.key.max.uses=2, five payloads of a topic
+// take three wraps; with data.key.max.age.ms=1500, a payload sealed after
+// that long takes a new one. A consumer unwraps each data key once, not once
+// per payload.
+func TestEncryptedPayloadDataKeyReuse(t *testing.T) {
+	brokers(t)
+	via, fp := storetest.KMSKeyURLViaFaultProxy(t, "")
+	dir := t.TempDir()
+	storeURL := "file://" + dir
+	parse := func(kv ...string) largemessage.Config {
+		t.Helper()
+		p := map[string]string{largemessage.KeyStoreURL: storeURL, largemessage.KeyEncryptionKeyURL: via}
+		for _, s := range kv {
+			k, v, _ := strings.Cut(s, "=")
+			p[k] = v
+		}
+		cfg, err := largemessage.ParseConfig(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	produce := func(e *env, topic string, n int, seed uint64) [][]byte {
+		t.Helper()
+		var vs [][]byte
+		for i := range n {
+			v := randomBytes(seed+uint64(i), 3<<19)
+			vs = append(vs, v)
+			produceOK(t, e, &kgo.Record{Topic: topic, Value: bytes.Clone(v)})
+		}
+		return vs
+	}
+
+	byUses := newTopic(t, nil)
+	before := kmsCalls(fp)
+	values := produce(envWith(t, parse(largemessage.KeyEncryptionDataKeyMaxUses+"=2")), byUses, 5, 700)
+	if n := kmsCalls(fp) - before; n != 3 {
+		t.Fatalf("5 payloads with data.key.max.uses=2: %d KMS calls, want 3", n)
+	}
+
+	byAge := newTopic(t, nil)
+	e := envWith(t, parse(largemessage.KeyEncryptionDataKeyMaxAge+"=1500"))
+	before = kmsCalls(fp)
+	produce(e, byAge, 2, 710)
+	if n := kmsCalls(fp) - before; n != 1 {
+		t.Fatalf("2 payloads within data.key.max.age.ms: %d KMS calls, want 1", n)
+	}
+	time.Sleep(1600 * time.Millisecond)
+	produce(e, byAge, 1, 720)
+	if n := kmsCalls(fp) - before; n != 2 {
+		t.Fatalf("a payload after data.key.max.age.ms: %d KMS calls in all, want 2", n)
+	}
+
+	// A consumer of its own (nothing cached) through another fault proxy.
+	cvia, cfp := storetest.KMSKeyURLViaFaultProxy(t, "")
+	ccfg := epConfig(storeURL, cvia)
+	for i, r := range epConsume(t, ccfg, byUses, 5) {
+		if r.Err != nil || !bytes.Equal(r.Value, values[i]) {
+			t.Fatalf("record %d: %v", i, r.Err)
+		}
+	}
+	if n := kmsCalls(cfp); n != 3 {
+		t.Fatalf("a consumer of 5 payloads under 3 data keys made %d KMS calls, want 3", n)
+	}
+}
+
+// Turning encryption on in a topic that has payloads stored before: with
+// allow.plaintext=true a consumer reads the old plaintext object and the new
+// sealed one (library and ferry consume); without it the plaintext object is
+// refused with ErrPlaintextRefused and the sealed one still reads.
+func TestEncryptedPayloadAllowPlaintext(t *testing.T) {
+	brokers(t)
+	key := storetest.KMSKeyURL(t, "")
+	dir := t.TempDir()
+	storeURL := "file://" + dir
+	topic := newTopic(t, nil)
+	values := [][]byte{randomBytes(800, 3<<20), randomBytes(801, 3<<20)}
+	produceOK(t, envWith(t, epConfig(storeURL, "")), &kgo.Record{Topic: topic, Value: bytes.Clone(values[0])})
+	produceOK(t, envWith(t, epConfig(storeURL, key)), &kgo.Record{Topic: topic, Value: bytes.Clone(values[1])})
+	refs := consumeRaw(t, topic, 2)
+	raw := openStore(t, storeURL)
+	for i, r := range refs {
+		ref, err := largemessage.DecodeReference(r.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := payloadstore.DownloadBytes(context.Background(), raw, ref.FullPayloadPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sealed := envelope.IsSealed(b); sealed != (i == 1) {
+			t.Fatalf("record %d: the object at rest is sealed: %v", i, sealed)
+		}
+	}
+
+	allow := epConfig(storeURL, key)
+	allow.AllowPlaintext = true
+	for i, r := range epConsume(t, allow, topic, 2) {
+		if r.Err != nil || !bytes.Equal(r.Value, values[i]) {
+			t.Fatalf("allow.plaintext: record %d: %v", i, r.Err)
+		}
+	}
+	strict := epConsume(t, epConfig(storeURL, key), topic, 2)
+	epCheckRefused(t, "plaintext object", strict[:1], refs[:1], values[:1], []error{payloadstore.ErrPlaintextRefused})
+	if strict[1].Err != nil || !bytes.Equal(strict[1].Value, values[1]) {
+		t.Fatalf("the sealed record without allow.plaintext: %v", strict[1].Err)
+	}
+
+	outDir := t.TempDir()
+	var out, errb bytes.Buffer
+	if code := cli.Run(ctxT(t, 2*time.Minute), []string{"consume", "--brokers", brokers(t), "--topic", topic, "--store", storeURL,
+		"--out", outDir, "-n", "2", "-X", largemessage.KeyEncryptionKeyURL + "=" + key,
+		"-X", largemessage.KeyEncryptionAllowPlaintext + "=true"}, &out, &errb); code != 0 {
+		t.Fatalf("ferry consume with allow.plaintext: exit %d: %s", code, errb.String())
+	}
+	for i, r := range refs {
+		got, err := os.ReadFile(filepath.Join(outDir, fmt.Sprintf("%s-%d-%d", topic, r.Partition, r.Offset)))
+		if err != nil || !bytes.Equal(got, values[i]) {
+			t.Fatalf("ferry consume wrote record %d: %d bytes, %v", i, len(got), err)
+		}
+	}
+	epCLIRefused(t, topic, storeURL, 2, "not encrypted", "-X", largemessage.KeyEncryptionKeyURL+"="+key)
+}
+
+// A sealed object altered at rest, fetched through the proxy's
+// large-message interceptor with encryption: the records before it come
+// back, its partition then fails with KAFKA_STORAGE_ERROR (retriable: the
+// consumer fetches it again), and no consumer ever sees it with other
+// bytes or as a reference.
+func TestEncryptedPayloadTamperProxy(t *testing.T) {
+	brokers(t)
+	key := storetest.KMSKeyURL(t, "")
+	dir := t.TempDir()
+	storeURL := "file://" + dir
+	topic := clientTopic(t, 1, nil)
+	srv := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(brokers(t)),
+		Interceptors: []interceptor.Spec{largeMessageSpec(topic, storeURL, largemessage.KeyEncryptionKeyURL+"="+key)}})
+	via := srv.Addr()
+	// failed counts the fetches of the partition the proxy failed.
+	failed := func() float64 {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		var n float64
+		for line := range strings.Lines(rec.Body.String()) {
+			if strings.HasPrefix(line, "ferry_interceptor_rejections_total{") && strings.Contains(line, `direction="fetch"`) &&
+				strings.Contains(line, `reason="KAFKA_STORAGE_ERROR"`) && strings.Contains(line, `topic="`+topic+`"`) {
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				n += v
+			}
+		}
+		return n
+	}
+	prod := viaClient(t, via, kgo.DefaultProduceTopic(topic), kgo.ProducerBatchMaxBytes(8<<20))
+	values := [][]byte{randomBytes(900, 3<<20), randomBytes(901, 3<<20)}
+	for _, v := range values {
+		if err := prod.ProduceSync(ctxT(t, time.Minute), &kgo.Record{Value: bytes.Clone(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refs := consumeRaw(t, topic, 2)
+	ref, err := largemessage.DecodeReference(refs[1].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.TrimPrefix(ref.FullPayloadPath, "file://")
+	b, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x01
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cl := viaClient(t, via, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxBytes(64<<20), kgo.MetadataMinAge(250*time.Millisecond))
+	// franz-go retries KAFKA_STORAGE_ERROR without telling: the proxy's
+	// metrics show the failed fetches.
+	deadline := time.Now().Add(30 * time.Second)
+	var got []*kgo.Record
+	for failed() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s: %d records, %v failed fetches", len(got), failed())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kerr.KafkaStorageError) {
+				t.Fatalf("fetch error %v", err)
+			}
+		})
+		got = append(got, fs.Records()...)
+	}
+	if len(got) != 1 || got[0].Offset != 0 || !bytes.Equal(got[0].Value, values[0]) || len(got[0].Headers) != 0 {
+		t.Fatalf("records through the proxy: %d (want the intact one at offset 0 only)", len(got))
+	}
+	t.Logf("the intact record came back, then %v fetches of the altered one failed with KAFKA_STORAGE_ERROR", failed())
 }
