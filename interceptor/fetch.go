@@ -263,10 +263,21 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			r.out, copied = append(make([]byte, 0, len(fp.set)), fp.set[:passed]...), true
 		}
 	}
+	rest := fp.set
+	// appendOut appends b to the copied output, growing it once for b and
+	// what is left of the input (an eighth more, for records that grow),
+	// not by doubling batch after batch: a fetch whose every batch is
+	// rewritten (encrypt) otherwise allocated about five times its size.
+	appendOut := func(b []byte) {
+		if cap(r.out)-len(r.out) < len(b) {
+			r.out = slices.Grow(r.out, len(b)+len(rest)+len(rest)/8)
+		}
+		r.out = append(r.out, b...)
+	}
 	// pass emits raw, the next batch of fp.set, unchanged.
 	pass := func(raw []byte) {
 		if copied {
-			r.out = append(r.out, raw...)
+			appendOut(raw)
 		} else {
 			passed += len(raw)
 		}
@@ -276,7 +287,6 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 	room := func(n int64) bool {
 		return fp.limit < 0 || emitted()+n <= fp.limit
 	}
-	rest := fp.set
 	for len(rest) > 0 && !r.cut {
 		raw, next, complete := splitBatch(rest)
 		if !complete {
@@ -336,7 +346,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			case rewritten && headroom > 0: // joined above
 			case len(nb) > 0:
 				copyOut()
-				r.out = append(r.out, nb...)
+				appendOut(nb)
 			case !copied:
 				r.out = fp.set[:passed:passed]
 			}
@@ -362,7 +372,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 				// copied into a new one.
 				r.out, copied = nb, true
 			default:
-				r.out = append(r.out, nb...)
+				appendOut(nb)
 			}
 		default:
 			pass(raw)
