@@ -89,11 +89,16 @@ type KeyID [8]byte
 func (id KeyID) String() string { return fmt.Sprintf("%x", id[:]) }
 
 // KeyIDOf returns the key id of a key URL, or an error when it does not
-// parse as a URL with a scheme.
+// parse as scheme://key (an opaque "scheme:key" is refused: gocloud would
+// open it with an empty key, which base64key fills with a random one), or
+// is a base64key URL without a key.
 func KeyIDOf(keyURL string) (KeyID, error) {
 	u, err := url.Parse(keyURL)
-	if err != nil || u.Scheme == "" {
-		return KeyID{}, fmt.Errorf("key URL %s: not a URL with a scheme", redact(keyURL))
+	if err != nil || u.Scheme == "" || u.Opaque != "" || u.Host+u.Path == "" {
+		return KeyID{}, fmt.Errorf("key URL %s: not a URL of the form scheme://key (gocloud.dev/secrets)", redact(keyURL))
+	}
+	if u.Scheme == localsecrets.Scheme && u.Host == "" {
+		return KeyID{}, fmt.Errorf("key URL base64key:// needs a key (base64key://<32 bytes in URL-safe base64>); an empty one would be random and lost at exit")
 	}
 	sum := sha256.Sum256([]byte("ferry-kek\x00" + u.Scheme + "://" + u.Host + u.Path))
 	var id KeyID
@@ -148,6 +153,7 @@ type Keyring struct {
 	keks    map[KeyID]*kek
 
 	mu      sync.Mutex
+	closed  bool
 	sealing map[string]*dataKey // by scope (topic)
 	opened  map[string]*openedKey
 	now     func() time.Time
@@ -207,12 +213,6 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 			}
 			continue // the current key listed again among the decryption keys
 		}
-		if strings.HasPrefix(u, localsecrets.Scheme+"://") {
-			if pu, _ := url.Parse(u); pu.Host == "" {
-				k.Close()
-				return nil, fmt.Errorf("key URL base64key:// needs a key (base64key://<32 bytes in URL-safe base64>); an empty one would be random and lost at exit")
-			}
-		}
 		keeper, err := secrets.OpenKeeper(ctx, u)
 		if err != nil {
 			k.Close()
@@ -247,17 +247,19 @@ func (k *Keyring) Close() error {
 	for _, kk := range k.keks {
 		errs = append(errs, kk.keeper.Close())
 	}
+	// The cached keys are dropped, not zeroed: a sealer or reader made
+	// before Close may still be using one (zeroing it under them sealed
+	// objects under an all-zero key), and Go's collector may have copied
+	// them anyway.
 	k.mu.Lock()
-	for _, d := range k.sealing {
-		clear(d.key)
-	}
-	for _, o := range k.opened {
-		clear(o.key)
-	}
+	k.closed = true
 	k.sealing, k.opened = map[string]*dataKey{}, map[string]*openedKey{}
 	k.mu.Unlock()
 	return errors.Join(errs...)
 }
+
+// ErrClosed: the keyring was used after Close.
+var ErrClosed = errors.New("keyring closed")
 
 // ErrDecryptOnly: sealing was asked of a keyring without a KeyURL.
 var ErrDecryptOnly = errors.New("no key URL to encrypt with (decryption keys only)")
@@ -271,6 +273,10 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	}
 	now := k.now()
 	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return dataKey{}, ErrClosed
+	}
 	if d, ok := k.sealing[scope]; ok && d.uses < k.cfg.DataKeyMaxUses && now.Sub(d.made) < k.cfg.DataKeyMaxAge {
 		d.uses++
 		dk := *d
@@ -318,6 +324,10 @@ func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*opene
 	ck := string(id[:]) + string(wrapped)
 	now := k.now()
 	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		return nil, ErrClosed
+	}
 	if o, ok := k.opened[ck]; ok && now.Sub(o.made) < k.cfg.DataKeyMaxAge {
 		k.mu.Unlock()
 		return o, nil
