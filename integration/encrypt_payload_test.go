@@ -577,16 +577,19 @@ func epFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-// epFaults are the KMS outages the fault proxy makes.
+// epFaults are the KMS outages the fault proxy makes: it drops connections
+// unanswered, answers 503, or answers nothing for an hour (the store's
+// timeout, large.message.payload.store.timeout.ms, ends the wait).
 var epFaults = []struct {
 	name string
 	mode faultproxy.Mode
-}{{"KMS drops connections", faultproxy.Down}, {"KMS answers 503", faultproxy.Throttle}}
+}{{"KMS drops connections", faultproxy.Down}, {"KMS answers 503", faultproxy.Throttle}, {"KMS hangs", faultproxy.Slow}}
 
 // The KMS is unreachable (a fault proxy in front of it drops connections,
-// then answers 503) while a producer (largemessage.Producer, real broker)
-// offloads its first record: the produce fails with an error wrapping
-// envelope.ErrKMS, nothing is appended and nothing is left in the store.
+// then answers 503, then hangs) while a producer (largemessage.Producer,
+// real broker) offloads its first record: the produce fails with an error
+// wrapping envelope.ErrKMS (a hung KMS within the store's timeout), nothing
+// is appended and nothing is left in the store.
 // Once the KMS is back the same produce succeeds. A later outage does not
 // stop produces while the topic's data key is cached, and a consumer that has
 // the data key yet to unwrap gets ErrKMS for the record, which it reads once
@@ -596,8 +599,9 @@ func TestEncryptedPayloadKMSOutageProduce(t *testing.T) {
 	via, fp := storetest.KMSKeyURLViaFaultProxy(t, "")
 	dir := t.TempDir()
 	storeURL := "file://" + dir
+	fp.SetDelay(time.Hour) // faultproxy.Slow
 	cfg := epConfig(storeURL, via)
-	cfg.Policy.Timeout = 20 * time.Second
+	cfg.Policy.Timeout = 3 * time.Second
 	cfg.Policy.RetryCount = 1
 	cfg.Policy.RetryBackoff = 10 * time.Millisecond
 	cfg.Policy.RetryMaxBackoff = 100 * time.Millisecond
@@ -668,6 +672,7 @@ func TestEncryptedPayloadKMSOutageProduce(t *testing.T) {
 func TestEncryptedPayloadKMSOutageProxy(t *testing.T) {
 	b := brokers(t)
 	via, fp := storetest.KMSKeyURLViaFaultProxy(t, "")
+	fp.SetDelay(time.Hour) // faultproxy.Slow
 	dir := t.TempDir()
 	storeURL := "file://" + dir
 	topic := newTopic(t, nil)
@@ -684,7 +689,7 @@ interceptors:
       topic.pattern: %q
       large.message.payload.store.url: %q
       large.message.payload.encryption.key.url: %q
-      large.message.payload.store.timeout.ms: 10000
+      large.message.payload.store.timeout.ms: 3000
       large.message.payload.store.retry.count: 1
       large.message.payload.store.retry.backoff.ms: 10
       large.message.payload.store.retry.max.backoff.ms: 50
