@@ -32,6 +32,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/smithy-go"
 	"gocloud.dev/gcerrors"
 	"gocloud.dev/secrets"
 	_ "gocloud.dev/secrets/awskms"        // awskms://
@@ -162,6 +163,9 @@ type Keyring struct {
 type kek struct {
 	id     KeyID
 	keeper *secrets.Keeper
+	// unwrap decrypts a wrapped data key with this key and no other
+	// (keeper.Decrypt, except for awskms: openAWSKMS).
+	unwrap func(context.Context, []byte) ([]byte, error)
 }
 
 type dataKey struct {
@@ -213,12 +217,21 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 			}
 			continue // the current key listed again among the decryption keys
 		}
-		keeper, err := secrets.OpenKeeper(ctx, u)
+		var keeper *secrets.Keeper
+		var unwrap func(context.Context, []byte) ([]byte, error)
+		if pu, _ := url.Parse(u); pu.Scheme == "awskms" {
+			keeper, unwrap, err = openAWSKMS(ctx, pu)
+		} else {
+			keeper, err = secrets.OpenKeeper(ctx, u)
+		}
 		if err != nil {
 			k.Close()
 			return nil, fmt.Errorf("open key URL %s: %v", redact(u), scrub(err, u))
 		}
-		kk := &kek{id: id, keeper: keeper}
+		if unwrap == nil {
+			unwrap = keeper.Decrypt
+		}
+		kk := &kek{id: id, keeper: keeper, unwrap: unwrap}
 		k.keks[id] = kk
 		if i == 0 && cfg.KeyURL != "" {
 			k.current = kk
@@ -333,7 +346,7 @@ func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*opene
 		return o, nil
 	}
 	k.mu.Unlock()
-	key, err := kk.keeper.Decrypt(ctx, wrapped)
+	key, err := kk.unwrap(ctx, wrapped)
 	if err != nil {
 		return nil, &KMSError{Op: "unwrap", KeyID: id, Retryable: retryable(err), Err: err}
 	}
@@ -376,6 +389,15 @@ func evictOldest[V any](m map[string]V, made func(V) time.Time) {
 // retryable reports whether a KMS error may pass: the service was
 // unreachable, overloaded or timed out.
 func retryable(err error) bool {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		// The AWS KMS client's own errors (openAWSKMS's unwrap).
+		switch ae.ErrorCode() {
+		case "KMSInternalException", "DependencyTimeoutException", "KeyUnavailableException", "ThrottlingException", "LimitExceededException":
+			return true
+		}
+		return false
+	}
 	switch gcerrors.Code(err) {
 	case gcerrors.Internal, gcerrors.ResourceExhausted, gcerrors.DeadlineExceeded, gcerrors.Unknown:
 		return !errors.Is(err, context.Canceled)

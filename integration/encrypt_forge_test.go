@@ -1,0 +1,85 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/tink-crypto/tink-go/v2/streamingaead/subtle"
+	"gocloud.dev/secrets"
+
+	"github.com/ferrykit/ferry/envelope"
+	"github.com/ferrykit/ferry/internal/storetest"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
+)
+
+// A sealed object whose header names KEY's key id but whose data key was
+// wrapped by OTHER (someone with Encrypt on another KMS key the consumer may
+// decrypt with): the consumer, configured with KEY only, refuses it, as the
+// unwrap names KEY to the KMS (gocloud's awskms alone would not), and does
+// not retry it.
+func TestEncryptedPayloadForgedKeyID(t *testing.T) {
+	ctx := context.Background()
+	key, other := storetest.KMSKeyURL(t, ""), storetest.KMSKeyURL(t, "other")
+	dir := t.TempDir()
+	storeURL := "file://" + dir
+	cfg := epConfig(storeURL, key)
+	store, err := cfg.OpenStore(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	resp, err := payloadstore.PublishBytes(ctx, store, "orders", []byte("genuine"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := payloadstore.Objects(store)
+	objKey, _ := objs.Root().Key(resp.FullPayloadPath)
+
+	// The attacker: Encrypt permission on OTHER only.
+	ok, _ := secrets.OpenKeeper(ctx, other)
+	dk := make([]byte, 32)
+	rand.Read(dk)
+	wrapped, err := ok.Encrypt(ctx, dk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := envelope.KeyIDOf(key) // claims KEY
+	var hb []byte
+	hb = append(hb, envelope.Magic...)
+	hb = append(hb, 1, envelope.AlgStreamAES256GCMHKDF)
+	hb = binary.BigEndian.AppendUint32(hb, envelope.DefaultSegmentBytes)
+	hb = append(hb, id[:]...)
+	hb = binary.BigEndian.AppendUint16(hb, uint16(len(wrapped)))
+	hb = append(hb, wrapped...)
+	aad := append([]byte("ferry-payload-v1"), 0)
+	for _, f := range []string{"orders", objKey} {
+		aad = binary.BigEndian.AppendUint32(aad, uint32(len(f)))
+		aad = append(aad, f...)
+	}
+	aad = append(aad, hb...)
+	tk, err := subtle.NewAESGCMHKDF(dk, "SHA256", 32, envelope.DefaultSegmentBytes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	out.Write(hb)
+	w, err := tk.NewEncryptingWriter(&out, aad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]byte("forged by the holder of another KMS key"))
+	w.Close()
+	if err := os.WriteFile(dir+"/"+objKey, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := payloadstore.DownloadBytes(ctx, store, resp.FullPayloadPath)
+	if !errors.Is(err, envelope.ErrKMS) || payloadstore.IsRetryable(err) {
+		t.Fatalf("consumer with %s only: %q, %v; want a KMS refusal that is not retryable", largemessage.KeyEncryptionKeyURL, got, err)
+	}
+}
