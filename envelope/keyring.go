@@ -166,6 +166,8 @@ type kek struct {
 	// unwrap decrypts a wrapped data key with this key and no other
 	// (keeper.Decrypt, except for awskms: openAWSKMS).
 	unwrap func(context.Context, []byte) ([]byte, error)
+	// local: base64key://, whose failures never pass with time.
+	local bool
 }
 
 type dataKey struct {
@@ -181,7 +183,13 @@ type openedKey struct {
 	key  []byte
 	gcm  cipher.AEAD
 	made time.Time
+	err  error // the KMS refused to unwrap it (not retryable), at made
 }
+
+// FailedUnwrapTTL is how long a wrapped data key the KMS refused to unwrap
+// (not retryable: another key's, altered, access denied) is refused without
+// asking the KMS again.
+const FailedUnwrapTTL = time.Minute
 
 // OpenKeyring opens the KEKs named by cfg. A base64key:// URL without a key
 // (which gocloud would fill with a random, unsaved key) is refused. Errors
@@ -231,7 +239,7 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 		if unwrap == nil {
 			unwrap = keeper.Decrypt
 		}
-		kk := &kek{id: id, keeper: keeper, unwrap: unwrap}
+		kk := &kek{id: id, keeper: keeper, unwrap: unwrap, local: strings.EqualFold(strings.SplitN(u, ":", 2)[0], localsecrets.Scheme)}
 		k.keks[id] = kk
 		if i == 0 && cfg.KeyURL != "" {
 			k.current = kk
@@ -305,7 +313,7 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	}
 	wrapped, err := k.current.keeper.Encrypt(ctx, key)
 	if err != nil {
-		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Retryable: retryable(err), Err: err}
+		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Retryable: !k.current.local && retryable(err), Err: err}
 	}
 	if len(wrapped) > MaxWrappedKeyBytes {
 		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Err: fmt.Errorf("wrapped data key is %d bytes, more than %d", len(wrapped), MaxWrappedKeyBytes)}
@@ -323,8 +331,9 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	// The opening side knows it already: reading back what was just
 	// written costs no KMS call.
 	k.putOpened(string(d.kek[:])+string(wrapped), &openedKey{key: key, gcm: gcm, made: now})
+	dk := *d // copied under the lock: other sealers count uses on d
 	k.mu.Unlock()
-	return *d, nil
+	return dk, nil
 }
 
 // openKey unwraps a data key wrapped by the KEK id, from the cache when it
@@ -341,14 +350,29 @@ func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*opene
 		k.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if o, ok := k.opened[ck]; ok && now.Sub(o.made) < k.cfg.DataKeyMaxAge {
-		k.mu.Unlock()
-		return o, nil
+	if o, ok := k.opened[ck]; ok {
+		switch {
+		case o.err != nil && now.Sub(o.made) < FailedUnwrapTTL:
+			k.mu.Unlock()
+			return nil, o.err
+		case o.err == nil && now.Sub(o.made) < k.cfg.DataKeyMaxAge:
+			k.mu.Unlock()
+			return o, nil
+		}
 	}
 	k.mu.Unlock()
 	key, err := kk.unwrap(ctx, wrapped)
 	if err != nil {
-		return nil, &KMSError{Op: "unwrap", KeyID: id, Retryable: retryable(err), Err: err}
+		kerr := &KMSError{Op: "unwrap", KeyID: id, Retryable: !kk.local && retryable(err), Err: err}
+		if !kerr.Retryable {
+			// Remembered: a record with a forged wrapped key that its
+			// consumers fetch again and again costs one KMS call per
+			// FailedUnwrapTTL, not one per fetch.
+			k.mu.Lock()
+			k.putOpened(ck, &openedKey{err: kerr, made: now})
+			k.mu.Unlock()
+		}
+		return nil, kerr
 	}
 	if len(key) != 32 {
 		return nil, &KMSError{Op: "unwrap", KeyID: id, Err: fmt.Errorf("unwrapped data key is %d bytes, want 32", len(key))}

@@ -142,6 +142,13 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		}
 		name, ps, shr, lim := names[ti], procs[ti], shrinkers[ti], lims[names[ti]]
 		results[ti] = make([]result, len(t.Partitions))
+		if lim.Missing {
+			err := fmt.Errorf("topic %s does not exist (the cluster says so); its records were not processed", name)
+			for pi := range t.Partitions {
+				results[ti][pi] = result{f: fail(kerr.UnknownTopicOrPartition.Code, err)}
+			}
+			continue
+		}
 		for pi, p := range t.Partitions {
 			wg.Add(1)
 			sem <- struct{}{}
@@ -177,7 +184,11 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		for pi, p := range t.Partitions {
 			r := results[ti][pi]
 			if r.f != nil {
-				c.rejected(names[ti], observe.DirectionProduce, r.f.code)
+				label := names[ti]
+				if lims[label].Missing {
+					label = "" // a made-up name takes no metric label
+				}
+				c.rejected(label, observe.DirectionProduce, r.f.code)
 				out.Answered = append(out.Answered, ProducePartitionResult{Topic: t.Topic, TopicID: t.TopicID,
 					Partition: p.Partition, ErrorCode: r.f.code, ErrorMessage: r.f.msg, RecordErrors: r.f.records, Err: r.f.err})
 				continue
@@ -221,6 +232,11 @@ type partitionResult struct {
 type TopicLimit struct {
 	MaxMessageBytes int32
 	Compression     string
+	// Missing: the cluster said the topic does not exist. Its partitions
+	// are answered UNKNOWN_TOPIC_OR_PARTITION, as the broker would answer
+	// them, before any interceptor runs: a client cannot make the
+	// interceptors do work (KMS calls, uploads) for topics it invents.
+	Missing bool
 }
 
 func (l TopicLimit) over(stored int64) bool {

@@ -114,12 +114,16 @@ func (ic *interception) close() {
 // DescribeConfigs for all that are not cached; the broker's
 // message.max.bytes for a topic that does not exist yet), cached for
 // topic.config.refresh.ms. A topic the cluster cannot be asked about is
-// left out (the broker's own check then applies).
+// left out (the broker's own check then applies); one it says does not exist
+// is Missing (for a few seconds: a topic created meanwhile is refused with
+// the retriable UNKNOWN_TOPIC_OR_PARTITION until then, as a broker that has
+// not seen it yet would).
 func (ic *interception) maxMessageBytes(topics []string) map[string]interceptor.TopicLimit {
 	out := make(map[string]interceptor.TopicLimit, len(topics))
 	for t, r := range ic.configs.GetAll(context.Background(), topics) {
 		if r.Err == nil && r.Config.MaxMessageBytes > 0 && r.Config.MaxMessageBytes <= math.MaxInt32 {
-			out[t] = interceptor.TopicLimit{MaxMessageBytes: int32(r.Config.MaxMessageBytes), Compression: r.Config.Compression}
+			out[t] = interceptor.TopicLimit{MaxMessageBytes: int32(r.Config.MaxMessageBytes), Compression: r.Config.Compression,
+				Missing: !r.Config.Exists}
 		}
 	}
 	return out
