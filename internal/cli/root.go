@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -103,7 +104,7 @@ func RunIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err == nil {
 		return ExitOK
 	}
-	msg := oneLine(err.Error())
+	msg := keyURLs.ReplaceAllString(oneLine(err.Error()), "base64key://…")
 	var intr *Interrupted
 	if ctx.Err() != nil && errors.As(context.Cause(ctx), &intr) {
 		if !strings.Contains(msg, intr.Error()) {
@@ -121,6 +122,11 @@ func RunIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	}
 	return ExitFailure
 }
+
+// keyURLs matches a base64key:// key URL, which is the key itself: an error
+// that quotes one (cobra's "unknown command" for a key URL given after a
+// stray space) shows only its scheme.
+var keyURLs = regexp.MustCompile(`(?i)base64key:[^\s"'` + "`" + `]+`)
 
 // app holds one invocation's streams and global flags.
 type app struct {
