@@ -158,6 +158,7 @@ type Keyring struct {
 	sealing map[string]*dataKey // by scope (topic)
 	opened  map[string]*openedKey
 	now     func() time.Time
+	aws     awsKeys // the awskms:// keys' ARNs
 }
 
 type kek struct {
@@ -204,7 +205,8 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 	if cfg.CacheMaxEntries <= 0 {
 		cfg.CacheMaxEntries = DefaultCacheMaxEntries
 	}
-	k := &Keyring{cfg: cfg, keks: map[KeyID]*kek{}, sealing: map[string]*dataKey{}, opened: map[string]*openedKey{}, now: time.Now}
+	k := &Keyring{cfg: cfg, keks: map[KeyID]*kek{}, sealing: map[string]*dataKey{}, opened: map[string]*openedKey{}, now: time.Now,
+		aws: awsKeys{arns: map[string]bool{}}}
 	urls := cfg.DecryptKeyURLs
 	if cfg.KeyURL != "" {
 		urls = append([]string{cfg.KeyURL}, urls...)
@@ -228,7 +230,7 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 		var keeper *secrets.Keeper
 		var unwrap func(context.Context, []byte) ([]byte, error)
 		if pu, _ := url.Parse(u); pu.Scheme == "awskms" {
-			keeper, unwrap, err = openAWSKMS(ctx, pu)
+			keeper, unwrap, err = openAWSKMS(ctx, pu, &k.aws)
 		} else {
 			keeper, err = secrets.OpenKeeper(ctx, u)
 		}
@@ -413,6 +415,10 @@ func evictOldest[V any](m map[string]V, made func(V) time.Time) {
 // retryable reports whether a KMS error may pass: the service was
 // unreachable, overloaded or timed out.
 func retryable(err error) bool {
+	var fe *foreignKeyError
+	if errors.As(err, &fe) {
+		return false
+	}
 	var ae smithy.APIError
 	if errors.As(err, &ae) {
 		// The AWS KMS client's own errors (openAWSKMS's unwrap).

@@ -6,8 +6,17 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/kms"
+	gcaws "gocloud.dev/aws"
+	"gocloud.dev/secrets/awskms"
 
 	"github.com/tink-crypto/tink-go/v2/streamingaead/subtle"
 	"gocloud.dev/secrets"
@@ -81,5 +90,69 @@ func TestEncryptedPayloadForgedKeyID(t *testing.T) {
 	got, err := payloadstore.DownloadBytes(ctx, store, resp.FullPayloadPath)
 	if !errors.Is(err, envelope.ErrKMS) || payloadstore.IsRetryable(err) {
 		t.Fatalf("consumer with %s only: %q, %v; want a KMS refusal that is not retryable", largemessage.KeyEncryptionKeyURL, got, err)
+	}
+}
+
+// Rotation by moving an alias to a new KMS key: payloads sealed before stay
+// readable while the old key is configured too (by its ARN, in
+// decrypt.key.urls), and are refused with only the alias, whose key is now
+// another.
+func TestEncryptedPayloadAliasMoved(t *testing.T) {
+	ctx := context.Background()
+	storetest.KMSKeyURL(t, "") // skips without the KMS server
+	endpoint := os.Getenv("FERRY_KMS_ENDPOINT")
+	q := url.Values{"region": {"us-east-1"}, "endpoint": {endpoint}}
+	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := awskms.Dial(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey := func() string {
+		out, err := client.CreateKey(ctx, &kms.CreateKeyInput{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return aws.ToString(out.KeyMetadata.Arn)
+	}
+	oldARN, newARN := newKey(), newKey()
+	alias := fmt.Sprintf("alias/ferry-rotation-%d", time.Now().UnixNano())
+	if _, err := client.CreateAlias(ctx, &kms.CreateAliasInput{AliasName: aws.String(alias), TargetKeyId: aws.String(oldARN)}); err != nil {
+		t.Fatal(err)
+	}
+	// An alias is host and path; an ARN, which has colons, is the path
+	// (awskms:///arn:aws:kms:…), as gocloud's awskms documents.
+	keyURL := func(id string) string {
+		if strings.HasPrefix(id, "arn:") {
+			return "awskms:///" + id + "?" + q.Encode()
+		}
+		return "awskms://" + id + "?" + q.Encode()
+	}
+	storeURL := "file://" + t.TempDir()
+	open := func(key string, decrypt ...string) payloadstore.PayloadStore {
+		c := largemessage.DefaultConfig()
+		c.StoreURL = storeURL
+		c.Encryption.KeyURL, c.Encryption.DecryptKeyURLs = key, decrypt
+		s, err := c.OpenStore(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	resp, err := payloadstore.PublishBytes(ctx, open(keyURL(alias)), "orders", []byte("sealed under the old key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.UpdateAlias(ctx, &kms.UpdateAliasInput{AliasName: aws.String(alias), TargetKeyId: aws.String(newARN)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := payloadstore.DownloadBytes(ctx, open(keyURL(alias), keyURL(oldARN)), resp.FullPayloadPath); err != nil || string(got) != "sealed under the old key" {
+		t.Fatalf("alias moved, old key in decrypt.key.urls: %q, %v", got, err)
+	}
+	if _, err := payloadstore.DownloadBytes(ctx, open(keyURL(alias)), resp.FullPayloadPath); !errors.Is(err, envelope.ErrKMS) {
+		t.Fatalf("alias moved, old key not configured: %v, want ErrKMS", err)
 	}
 }
