@@ -141,7 +141,7 @@ func (s *FileStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	// One pass: the body is read, hashed and written once, and the disk
 	// starts writing while the rest is still being copied, so that the
 	// fsync below has little left to wait for.
-	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
+	body := newBodyReader(p)
 	if _, err := ctxio.Copy(ctx, startWriteback(tmp), body); err != nil {
 		return fail(err)
 	}

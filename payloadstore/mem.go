@@ -86,7 +86,7 @@ func (s *MemStore) Publish(ctx context.Context, topic string, p Payload) (Payloa
 	}
 	var buf bytes.Buffer
 	buf.Grow(int(p.Size))
-	body := newDigestReader(io.LimitReader(p.Body, p.Size+1))
+	body := newBodyReader(p)
 	if _, err := io.Copy(&buf, ctxio.Reader(ctx, body)); err != nil {
 		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(key), Retryable: true, Err: err}
 	}

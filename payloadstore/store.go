@@ -43,6 +43,11 @@ type Payload struct {
 	// serializer sets it to the content id for offloaded keys, so that equal
 	// key bytes always give the same reference (partitioning, compaction).
 	ID string
+	// uncheckedDigest (Unhashed payloads of an encrypted store only): the
+	// file and mem stores count the bytes but do not hash them, and
+	// PayloadResponse.SHA256 is zero. The sealed bytes are authenticated
+	// by their AEAD, and the encrypted store hashes the plaintext itself.
+	uncheckedDigest bool
 }
 
 // BytesPayload returns a Payload over b without copying it.
