@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -64,6 +65,10 @@ var (
 	// ErrNotSealed: the bytes are not sealed (no magic), where sealed bytes
 	// were required.
 	ErrNotSealed = errors.New("not encrypted")
+	// ErrKeyURL: OpenKeyring refused its configuration: a key URL that
+	// does not parse, names no key, has an unknown scheme or options, or is
+	// listed twice (a configuration error: fix it and start again).
+	ErrKeyURL = errors.New("invalid key URL")
 )
 
 // KMSError is an ErrKMS with the KEK's key id and what was being done.
@@ -169,6 +174,7 @@ type kek struct {
 	unwrap func(context.Context, []byte) ([]byte, error)
 	// local: base64key://, whose failures never pass with time.
 	local bool
+	name  string // the URL without its query (base64key: the scheme only), for messages
 }
 
 type dataKey struct {
@@ -212,18 +218,18 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 		urls = append([]string{cfg.KeyURL}, urls...)
 	}
 	if len(urls) == 0 {
-		return nil, errors.New("no key URL")
+		return nil, fmt.Errorf("%w: none configured", ErrKeyURL)
 	}
 	for i, u := range urls {
 		id, err := KeyIDOf(u)
 		if err != nil {
 			k.Close()
-			return nil, err
+			return nil, fmt.Errorf("%w: %v", ErrKeyURL, err)
 		}
 		if _, dup := k.keks[id]; dup {
 			if i == 0 || cfg.KeyURL == "" {
 				k.Close()
-				return nil, fmt.Errorf("key URL %s is listed twice (key id %s)", redact(u), id)
+				return nil, fmt.Errorf("%w: %s is listed twice (key id %s)", ErrKeyURL, redact(u), id)
 			}
 			continue // the current key listed again among the decryption keys
 		}
@@ -236,18 +242,34 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 		}
 		if err != nil {
 			k.Close()
-			return nil, fmt.Errorf("open key URL %s: %v", redact(u), scrub(err, u))
+			return nil, fmt.Errorf("%w: open %s: %v", ErrKeyURL, redact(u), scrub(err, u))
 		}
 		if unwrap == nil {
 			unwrap = keeper.Decrypt
 		}
-		kk := &kek{id: id, keeper: keeper, unwrap: unwrap, local: strings.EqualFold(strings.SplitN(u, ":", 2)[0], localsecrets.Scheme)}
+		local := strings.EqualFold(strings.SplitN(u, ":", 2)[0], localsecrets.Scheme)
+		name := redact(u)
+		if pu, err := url.Parse(u); err == nil && !local {
+			name = pu.Scheme + "://" + pu.Host + pu.Path
+		}
+		kk := &kek{id: id, keeper: keeper, unwrap: unwrap, local: local, name: name}
 		k.keks[id] = kk
 		if i == 0 && cfg.KeyURL != "" {
 			k.current = kk
 		}
 	}
 	return k, nil
+}
+
+// describe lists the configured keys as "id (URL without its query)", a
+// base64key:// URL by its scheme only.
+func (k *Keyring) describe() string {
+	var parts []string
+	for id, kk := range k.keks {
+		parts = append(parts, fmt.Sprintf("%s (%s)", id, kk.name))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
 }
 
 // scrub removes the URL (which may hold a key) from an error's text.
@@ -343,7 +365,7 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*openedKey, error) {
 	kk, ok := k.keks[id]
 	if !ok {
-		return nil, fmt.Errorf("%w: key id %s", ErrUnknownKey, id)
+		return nil, fmt.Errorf("%w: key id %s; the configured keys are %s", ErrUnknownKey, id, k.describe())
 	}
 	ck := string(id[:]) + string(wrapped)
 	now := k.now()

@@ -261,6 +261,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%s (%d) exceeds %s (%d): KIP-1159 requires the store's total time to stay within it",
 			KeyStoreTimeout, c.Policy.Timeout.Milliseconds(), KeyMaxBlock, c.MaxBlock.Milliseconds())
 	}
+	if c.AllowPlaintext && !c.Encrypting() {
+		return fmt.Errorf("%s has no effect without %s", KeyEncryptionAllowPlaintext, KeyEncryptionKeyURL)
+	}
 	if c.Encrypting() && (c.Encryption.DataKeyMaxAge <= 0 || c.Encryption.DataKeyMaxUses <= 0 || c.Encryption.CacheMaxEntries <= 0) {
 		return fmt.Errorf("%s, %s and %s must be > 0", KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionCacheMax)
 	}

@@ -272,11 +272,11 @@ func (v *verifier) Read(p []byte) (int, error) {
 	}
 	switch {
 	case v.n > v.size:
-		v.err = v.fail(fmt.Errorf("%w: more than %d bytes%s", ErrSizeMismatch, v.size, v.sealedHint()))
+		v.err = v.fail(v.sealedHint(fmt.Errorf("%w: more than %d bytes", ErrSizeMismatch, v.size)))
 		return 0, v.err
 	case err == io.EOF:
 		if v.n != v.size {
-			v.err = v.fail(fmt.Errorf("%w: %d bytes, header says %d%s", ErrSizeMismatch, v.n, v.size, v.sealedHint()))
+			v.err = v.fail(v.sealedHint(fmt.Errorf("%w: %d bytes, header says %d", ErrSizeMismatch, v.n, v.size)))
 		} else if got := v.h.Sum(nil); !bytes.Equal(got, v.sum) {
 			v.err = v.fail(fmt.Errorf("%w: got %x, header says %x", ErrDigestMismatch, got, v.sum))
 		} else {
@@ -296,13 +296,13 @@ func (v *verifier) Read(p []byte) (int, error) {
 
 func (v *verifier) Close() error { return v.rc.Close() }
 
-// sealedHint explains a size mismatch of an encrypted object read by a
-// consumer without encryption configured.
-func (v *verifier) sealedHint() string {
+// sealedHint puts first, for a size mismatch of an encrypted object read
+// by a consumer without encryption configured, what it means.
+func (v *verifier) sealedHint(err error) error {
 	if envelope.IsSealed(v.head) {
-		return " (the object is encrypted: set " + KeyEncryptionKeyURL + ")"
+		return fmt.Errorf("the payload is encrypted, and %s is not set: %w", KeyEncryptionKeyURL, err)
 	}
-	return ""
+	return err
 }
 
 // ResolvedGrowth says by how many bytes resolving rec will change its key

@@ -259,6 +259,9 @@ func (e *encryptedStore) open(ctx context.Context, rc io.Reader, key string) (io
 		if e.enc.AllowPlaintext {
 			return br, nil
 		}
+		if envelope.IsSealed(head) {
+			return nil, fmt.Errorf("%w: it holds a record value sealed by the proxy's encrypt interceptor, offloaded without payload encryption (read the topic through the proxy)", ErrPlaintextRefused)
+		}
 		return nil, ErrPlaintextRefused
 	}
 	return e.enc.Keyring.OpenStream(ctx, br, envelope.PayloadAAD{Topic: kp.Topic, Key: key})

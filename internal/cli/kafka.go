@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/internal/kafkaconf"
 	"github.com/ferrykit/ferry/internal/props"
 	"github.com/ferrykit/ferry/largemessage"
@@ -269,7 +270,7 @@ func (s *settings) openStore(ctx context.Context) (payloadstore.PayloadStore, er
 	st, err := open(ctx)
 	if err != nil {
 		err = fmt.Errorf("cannot open payload store %s: %w", redactURL(s.cfg.StoreURL), err)
-		if errors.Is(err, payloadstore.ErrInvalidConfig) || errors.Is(err, payloadstore.ErrUnknownScheme) {
+		if errors.Is(err, payloadstore.ErrInvalidConfig) || errors.Is(err, payloadstore.ErrUnknownScheme) || errors.Is(err, envelope.ErrKeyURL) {
 			return nil, &usageError{err: err} // exit 2: fix the configuration
 		}
 		return nil, err

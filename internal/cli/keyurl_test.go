@@ -23,3 +23,15 @@ func TestErrorsHideKeyURLs(t *testing.T) {
 		}
 	}
 }
+
+// A key URL Ferry cannot open is a configuration error: exit 2.
+func TestBadKeyURLIsUsage(t *testing.T) {
+	dir := t.TempDir()
+	for _, u := range []string{"kms://alias/x", "base64key://", "awskms:alias"} {
+		r := run(t, nil, "produce", "--brokers", "127.0.0.1:1", "--topic", "t", "--store", dir,
+			"-X", "large.message.payload.encryption.key.url="+u, "x")
+		if r.code != ExitUsage {
+			t.Errorf("%s: exit %d, want %d: %s", u, r.code, ExitUsage, r.stderr)
+		}
+	}
+}
