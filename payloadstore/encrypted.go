@@ -187,27 +187,7 @@ func (e *encryptedStore) Download(ctx context.Context, fullPath string) (io.Read
 		}
 		return nil, &Error{Op: "download", Path: fullPath, Retryable: kmsRetryable(err), Err: err}
 	}
-	return newOpenedObject(r, rc, fullPath), nil
-}
-
-// openBuffer is the size of the copies a download's decrypting goroutine
-// hands its reader: one segment.
-const openBuffer = envelope.DefaultSegmentBytes
-
-// newOpenedObject reads the plaintext r yields (r decrypting rc's bytes)
-// through a goroutine, so that decryption of the next segment overlaps
-// with what the reader does with the last one (the deserializer's SHA-256):
-// on 2 cores a download then runs at the slower of the two, not their sum.
-// It holds one openBuffer besides the decrypter's own segment.
-func newOpenedObject(r io.Reader, rc io.ReadCloser, path string) *openedObject {
-	pr, pw := io.Pipe()
-	o := &openedObject{r: pr, rc: rc, path: path, pr: pr, done: make(chan struct{})}
-	go func() {
-		defer close(o.done)
-		_, err := io.CopyBuffer(pw, r, make([]byte, openBuffer))
-		pw.CloseWithError(err)
-	}()
-	return o
+	return &openedObject{r: r, rc: rc, path: fullPath}, nil
 }
 
 // openedObject reads a sealed object's plaintext; a failure to authenticate
@@ -217,8 +197,6 @@ type openedObject struct {
 	r    io.Reader
 	rc   io.ReadCloser
 	path string
-	pr   *io.PipeReader
-	done chan struct{}
 }
 
 func (o *openedObject) Read(p []byte) (int, error) {
@@ -232,14 +210,7 @@ func (o *openedObject) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Close stops the decrypting goroutine (the pipe, then the download it may
-// be blocked reading) and waits for it.
-func (o *openedObject) Close() error {
-	o.pr.CloseWithError(io.ErrClosedPipe)
-	err := o.rc.Close()
-	<-o.done
-	return err
-}
+func (o *openedObject) Close() error { return o.rc.Close() }
 
 // open returns the plaintext of the object rc reads, at key.
 func (e *encryptedStore) open(ctx context.Context, rc io.Reader, key string) (io.Reader, error) {
