@@ -41,6 +41,7 @@ import (
 	_ "gocloud.dev/secrets/gcpkms"        // gcpkms://
 	_ "gocloud.dev/secrets/hashivault"    // hashivault://
 	"gocloud.dev/secrets/localsecrets"    // base64key://
+	"golang.org/x/sync/singleflight"
 )
 
 // Errors. Each error this package returns wraps one of these (errors.Is).
@@ -164,6 +165,8 @@ type Keyring struct {
 	opened  map[string]*openedKey
 	now     func() time.Time
 	aws     awsKeys // the awskms:// keys' ARNs
+
+	unwrapping singleflight.Group // by cache key: one KMS call per wrapped key at a time
 }
 
 type kek struct {
@@ -385,9 +388,32 @@ func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*opene
 		}
 	}
 	k.mu.Unlock()
+	// One KMS call for a wrapped key however many goroutines (fetches of
+	// several consumers) meet it at once.
+	v, err, _ := k.unwrapping.Do(ck, func() (any, error) { return k.unwrap(ctx, kk, ck, wrapped, now) })
+	if err != nil {
+		return nil, err
+	}
+	return v.(*openedKey), nil
+}
+
+// unwrap asks the KMS for the data key wrapped, and caches the answer: the
+// key, or a refusal that will not pass with time.
+func (k *Keyring) unwrap(ctx context.Context, kk *kek, ck string, wrapped []byte, now time.Time) (*openedKey, error) {
+	// A call that just ended may have cached the answer after this
+	// goroutine looked.
+	k.mu.Lock()
+	if o, ok := k.opened[ck]; ok && !o.made.Before(now) {
+		k.mu.Unlock()
+		if o.err != nil {
+			return nil, o.err
+		}
+		return o, nil
+	}
+	k.mu.Unlock()
 	key, err := kk.unwrap(ctx, wrapped)
 	if err != nil {
-		kerr := &KMSError{Op: "unwrap", KeyID: id, Retryable: !kk.local && retryable(err), Err: err}
+		kerr := &KMSError{Op: "unwrap", KeyID: kk.id, Retryable: !kk.local && retryable(err), Err: err}
 		if !kerr.Retryable {
 			// Remembered: a record with a forged wrapped key that its
 			// consumers fetch again and again costs one KMS call per
@@ -399,7 +425,7 @@ func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*opene
 		return nil, kerr
 	}
 	if len(key) != 32 {
-		return nil, &KMSError{Op: "unwrap", KeyID: id, Err: fmt.Errorf("unwrapped data key is %d bytes, want 32", len(key))}
+		return nil, &KMSError{Op: "unwrap", KeyID: kk.id, Err: fmt.Errorf("unwrapped data key is %d bytes, want 32", len(key))}
 	}
 	gcm, err := newGCM(key)
 	if err != nil {
