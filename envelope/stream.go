@@ -197,16 +197,30 @@ func (k *Keyring) OpenStream(ctx context.Context, r io.Reader, a PayloadAAD) (io
 		return nil, fmt.Errorf("%w: %v", ErrFormat, err)
 	}
 	hb := h.appendTo(make([]byte, 0, h.len()))
-	dr, err := t.NewDecryptingReader(r, aad(payloadLabel, hb, a.Topic, a.Key))
+	src := &countingReader{r: r}
+	dr, err := t.NewDecryptingReader(src, aad(payloadLabel, hb, a.Topic, a.Key))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrAuthentication, err)
 	}
-	return &authReader{r: dr}, nil
+	return &authReader{r: dr, src: src}, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // authReader maps Tink's decryption failures to ErrAuthentication.
 type authReader struct {
 	r   io.Reader
+	src *countingReader
 	err error
 }
 
@@ -215,6 +229,13 @@ func (a *authReader) Read(p []byte) (int, error) {
 		return 0, a.err
 	}
 	n, err := a.r.Read(p)
+	if err == io.EOF && a.src.n < tinkHeader+tinkTagBytes {
+		// Tink's reader ends quietly when not even one segment follows
+		// its header: an object cut right after it must not read as an
+		// empty payload. Every sealed object has a last segment, at
+		// least its tag.
+		err = fmt.Errorf("%w: the object ends after its header, with no segment", ErrAuthentication)
+	}
 	if err != nil && err != io.EOF {
 		if errors.Is(err, io.ErrUnexpectedEOF) || !isIOError(err) {
 			err = fmt.Errorf("%w: %v", ErrAuthentication, err)
