@@ -217,6 +217,9 @@ func (d *deferredPlan) Commit(ctx context.Context, r *Record) error {
 	return nil
 }
 
+// Confirm implements Confirmer (largemessage.Plan.Confirm).
+func (d *deferredPlan) Confirm(ctx context.Context) (int, error) { return d.p.Confirm(ctx) }
+
 func (d *deferredPlan) Abort(ctx context.Context) {
 	d.p.Abort(ctx)
 	d.end(errAborted)

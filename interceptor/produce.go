@@ -666,6 +666,46 @@ func (o ProduceOutcome) Refused(ctx context.Context, resp *kmsg.ProduceResponse)
 	return n
 }
 
+// Confirmer is a Deferred whose work must be checked once the broker
+// acknowledged the record: large-message confirms that the objects it
+// published are still at their keys (largemessage.Plan.Confirm), so that a
+// ferry gc run that quarantined or deleted one while the acknowledgement was
+// on its way cannot leave an acknowledged record unreadable.
+type Confirmer interface {
+	// Confirm returns how many objects it brought back.
+	Confirm(ctx context.Context) (int, error)
+}
+
+// Confirm confirms the deferred work of the partitions resp acknowledged
+// (error code 0), before the response goes to the client: the client's
+// acknowledgement comes after the record's payloads are known to be in
+// place. It returns how many objects were brought back and the errors of
+// those that could not be (the records are in the log: the error is for the
+// operator's log).
+func (o ProduceOutcome) Confirm(ctx context.Context, resp *kmsg.ProduceResponse) (int, []error) {
+	ctx = context.WithoutCancel(ctx)
+	n := 0
+	var errs []error
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				continue
+			}
+			k := FetchPartition{t.Topic, t.TopicID, p.Partition}
+			for _, d := range o.committed[k] {
+				if c, ok := d.(Confirmer); ok {
+					m, err := c.Confirm(ctx)
+					n += m
+					if err != nil {
+						errs = append(errs, fmt.Errorf("topic %s partition %d: %w", t.Topic, p.Partition, err))
+					}
+				}
+			}
+		}
+	}
+	return n, errs
+}
+
 // AbortAll undoes the deferred work of every forwarded partition: the
 // request never reached the broker (its client went away).
 func (o ProduceOutcome) AbortAll(ctx context.Context) {

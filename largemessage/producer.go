@@ -279,7 +279,13 @@ func (p *Producer) ProduceValue(ctx context.Context, topic string, key, value an
 // preparation error or the broker's answer. It may block (until ctx ends)
 // while the topic's bytes in flight are at their bound (see Producer).
 // A record the broker refuses as too large is offloaded and produced once
-// more, after the records produced meanwhile.
+// more, after the records produced meanwhile. Once an offloaded record is
+// acknowledged, the objects it references are confirmed (Plan.Confirm: one
+// Stat each; brought back if ferry gc quarantined or deleted them while the
+// acknowledgement was on its way) before promise is called, on a goroutine
+// of its own: the promise of an offloaded record may come after those of
+// records produced after it. The Producer holds the record's payload bytes
+// (the caller's, not a copy) until then.
 func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*kgo.Record, error)) {
 	if promise == nil {
 		promise = func(*kgo.Record, error) {}
@@ -303,13 +309,52 @@ func (p *Producer) Produce(ctx context.Context, rec *kgo.Record, promise func(*k
 	// A record far below the limits, without Ferry's headers, is left as
 	// it is: Offload would decide the same, at more cost.
 	if !p.ser.untouched(rec, c.l, u) {
-		if _, err := p.ser.Offload(ctx, rec, c.l); err != nil {
+		plan, err := p.ser.offload(ctx, rec, c.l)
+		if err != nil {
 			promise(rec, err)
 			return
+		}
+		if plan != nil {
+			promise = p.confirming(ctx, promise, plan)
 		}
 		u = RecordLen(rec.Key, rec.Value, rec.Headers)
 	}
 	p.send(ctx, g, rec, u, c, true, promise)
+}
+
+// confirming wraps promise so that, once the broker acknowledged the
+// record, the objects plans published or re-bound for it are confirmed
+// (Plan.Confirm: brought back if ferry gc quarantined or deleted them while
+// the acknowledgement was on its way) before promise is called, on a
+// goroutine of its own (store I/O must not hold franz-go's promise
+// goroutine). An error of the confirmation is the record's error. A
+// record the broker refused is answered at once.
+func (p *Producer) confirming(ctx context.Context, promise func(*kgo.Record, error), plans ...*Plan) func(*kgo.Record, error) {
+	return func(r *kgo.Record, err error) {
+		if err != nil {
+			promise(r, err)
+			return
+		}
+		go func() {
+			cctx := context.WithoutCancel(ctx) // the record is in the log: finish
+			for _, pl := range plans {
+				if _, cerr := pl.Confirm(cctx); cerr != nil {
+					promise(r, fmt.Errorf("partition %d offset %d: %w", r.Partition, r.Offset, cerr))
+					return
+				}
+			}
+			promise(r, nil)
+		}()
+	}
+}
+
+// PreparePlan is Prepare for a record the caller produces with the wrapped
+// client itself: it returns the committed plan (nil when the record is left
+// as it is), whose Confirm the caller calls once the broker acknowledged the
+// record (see Plan.Confirm; Produce and ProduceSync do it themselves).
+func (p *Producer) PreparePlan(ctx context.Context, rec *kgo.Record) (*Plan, error) {
+	p.defaultTopicFor(rec)
+	return p.ser.offload(ctx, rec, p.Limits(ctx, rec.Topic))
 }
 
 // limits returns the limits (Limits) for the records of topic's gate g in
@@ -381,9 +426,13 @@ func (p *Producer) retryTooLarge(ctx context.Context, rec *kgo.Record, promise f
 	}
 	c := p.limits(ctx, g, rec.Topic, gen)
 	l := c.l
-	if err := p.ser.offloadAll(ctx, rec, l); err != nil {
+	plan, err := p.ser.offloadAll(ctx, rec, l)
+	if err != nil {
 		promise(rec, fmt.Errorf("topic %s: the broker refused the record as too large and offloading it failed: %w", rec.Topic, err))
 		return
+	}
+	if plan != nil {
+		promise = p.confirming(ctx, promise, plan)
 	}
 	p.send(ctx, g, rec, RecordLen(rec.Key, rec.Value, rec.Headers), c, false, func(r *kgo.Record, err error) {
 		if errors.Is(err, kerr.MessageTooLarge) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"regexp"
 	"slices"
 	"sync"
@@ -162,11 +163,24 @@ type Offloaded struct {
 // call published are deleted again, except those named by content id, which
 // other records may share.
 func (s *Serializer) Offload(ctx context.Context, rec *kgo.Record, l Limits) (Offloaded, error) {
-	p, err := s.PlanOffload(ctx, rec, l)
+	p, err := s.offload(ctx, rec, l)
 	if err != nil || p == nil {
 		return Offloaded{}, err
 	}
-	return p.Did, p.commitChecked(ctx, l)
+	return p.Did, nil
+}
+
+// offload is Offload returning the committed plan (nil when rec is left
+// as it is), for Plan.Confirm after the record's acknowledgement.
+func (s *Serializer) offload(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
+	p, err := s.PlanOffload(ctx, rec, l)
+	if err != nil || p == nil {
+		return nil, err
+	}
+	if err := p.commitChecked(ctx, l); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // untouched reports, without I/O or compression, that Offload would leave
@@ -513,6 +527,74 @@ func (p *Plan) Abort(ctx context.Context) {
 	p.rebound = 0
 }
 
+// Confirm is called after the broker acknowledged the plan's record: it
+// makes sure every object the record references is at its key
+// (payloadstore.Confirm), so that a ferry gc run that quarantined or deleted
+// one while the acknowledgement was on its way cannot leave the record
+// unreadable. An object gc moved to its quarantine is copied back; one it
+// deleted is published again from the plan's payload (same id, same key),
+// or re-bound again from its source (a copy; a touched object cannot be).
+// It returns how many objects it brought back. Errors: ErrPayloadLost
+// (wrapping ErrPayloadNotFound) when one cannot be, naming the topic and
+// path, and the store's errors. The plan holds its payloads (the record's
+// own bytes, not a copy) until Confirm returns.
+func (p *Plan) Confirm(ctx context.Context) (int, error) {
+	n := 0
+	check := func(path string, again func(context.Context) error) error {
+		c, err := payloadstore.Confirm(ctx, p.s.store, path, again)
+		if err != nil {
+			return fmt.Errorf("topic %s: the record was acknowledged but its payload %s is gone: %w", p.rec.Topic, path, err)
+		}
+		if c != payloadstore.Present {
+			n++
+			slog.Warn("a payload was quarantined or deleted by ferry gc before its record's acknowledgement arrived; brought back",
+				"topic", p.rec.Topic, "path", path, "how", c.String())
+		}
+		return nil
+	}
+	for i, path := range p.published {
+		var again func(context.Context) error
+		if i < len(p.sides) {
+			sp := p.sides[i]
+			again = func(ctx context.Context) error {
+				// The bytes must still be the payload's (a caller's
+				// buffer reused since would publish something else).
+				if _, err := sp.p.Body.Seek(0, io.SeekStart); err != nil {
+					return err
+				}
+				h := sha256.New()
+				if n, err := io.Copy(h, sp.p.Body); err != nil || n != sp.p.Size || [sha256.Size]byte(h.Sum(nil)) != sp.p.SHA256 {
+					return fmt.Errorf("the %s's bytes are no longer held (%d of %d bytes read, %v)", sp.sd.name, n, sp.p.Size, err)
+				}
+				if _, err := sp.p.Body.Seek(0, io.SeekStart); err != nil {
+					return err
+				}
+				resp, err := p.s.store.Publish(ctx, p.rec.Topic, sp.p)
+				if err != nil {
+					return err
+				}
+				if resp.FullPayloadPath != path {
+					return fmt.Errorf("the store published it at %s", resp.FullPayloadPath)
+				}
+				return nil
+			}
+		}
+		if err := check(path, again); err != nil {
+			return n, err
+		}
+	}
+	for _, rb := range p.rebinds[:p.rebound] {
+		var again func(context.Context) error
+		if rb.Src != rb.Dst {
+			again = func(ctx context.Context) error { return rb.Do(ctx, p.s.store) }
+		}
+		if err := check(rb.Path, again); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
 // Published returns the full paths Commit wrote.
 func (p *Plan) Published() []string { return p.published }
 
@@ -695,12 +777,15 @@ func (s *Serializer) offloadSide(ctx context.Context, rec *kgo.Record, sd side, 
 // offloadAll offloads rec's value (then its key, if the record still does
 // not fit l) whatever their size: the recovery of a record the broker
 // refused as too large. Nothing is published when the record cannot fit.
-func (s *Serializer) offloadAll(ctx context.Context, rec *kgo.Record, l Limits) error {
+func (s *Serializer) offloadAll(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
 	p, err := s.PlanValue(ctx, rec, l)
 	if err != nil || p == nil {
-		return err
+		return nil, err
 	}
-	return p.commitChecked(ctx, l)
+	if err := p.commitChecked(ctx, l); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Record returns the record the plan rewrites.

@@ -224,6 +224,15 @@ type Options struct {
 	SettleSet bool
 	// Mode: ModeAuto ("" too), ModeFull or ModeCheckpoint.
 	Mode Mode
+	// Mirrors are topics of the same cluster whose records reference
+	// Topic's objects: byte-for-byte copies of its records (MirrorMaker,
+	// a replicator), which consumers resolve with
+	// large.message.reference.resolve.topics. Their references keep
+	// objects exactly like Topic's own: each is read in full with the topic
+	// (by its own cleanup.policy) and in every recheck. With mirrors a run
+	// always reads (ModeAuto goes to ModeFull; ModeCheckpoint is refused):
+	// Topic's checkpoints say nothing of a mirror's retention.
+	Mirrors []string
 	// ReadWorkers: clients reading partitions in parallel, each over its
 	// share of the partitions; 0 means max(2, GOMAXPROCS), at most 8.
 	ReadWorkers int
@@ -240,7 +249,8 @@ type Options struct {
 	// Progress, when set, is called as the run advances, from the calling
 	// goroutine (the run waits for it). Phases in order: "list", "read"
 	// (full read), "quarantine" (first call before anything is moved),
-	// "settle" (first call after the last move), "recheck", "finish".
+	// "settle" (first call after the last move), "recheck", "late" (once,
+	// before the late check), "finish".
 	Progress func(Progress)
 }
 
@@ -322,7 +332,31 @@ type Summary struct {
 	// is their size in bytes.
 	LeftoverDeletedObjects []payloadstore.ObjectInfo
 	LeftoverBytesFreed     int64
+	// LateReferences are the records appended after the recheck's end
+	// that reference an object of the quarantine not back at its key: the
+	// settle rule was broken (ErrSettleExceeded). Deleted says the object
+	// was deleted before the record was seen (found by the check after
+	// the deletes; a producer that confirms its objects brings it back).
+	LateReferences []LateReference
 }
+
+// LateReference is a record that referenced an object of gc's quarantine
+// later than the settle rule allows (Summary.LateReferences).
+type LateReference struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Object    string // the object's full path
+	Deleted   bool   // already deleted when the record was seen
+}
+
+// ErrSettleExceeded: a record was appended later than the settle time after
+// the write of an object it references, which gc had quarantined meanwhile
+// (Summary.LateReferences names them). Seen before the deletes, the run
+// restores every quarantined object and deletes nothing; seen after, the
+// objects are gone unless their producers confirm them (Ferry's Producer,
+// ferry produce and the proxy do: docs/OPERATIONS.md §4). Raise --settle.
+var ErrSettleExceeded = errors.New("gc: a record referencing a quarantined object was acknowledged after the settle time")
 
 // Collect removes the objects of store under o.Topic's prefix that no live
 // record of the topic references and that are older than the grace period
@@ -397,6 +431,18 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 		return sum, err
 	}
 	r.topicID = topicID
+	mirrorCompacted := map[string]bool{}
+	for _, m := range o.Mirrors {
+		if m == o.Topic || mirrorCompacted[m] {
+			return sum, fmt.Errorf("gc: mirror %s: named twice, or the topic itself", m)
+		}
+		if mirrorCompacted[m], err = isCompacted(ctx, adm, m); err != nil {
+			return sum, fmt.Errorf("%w (a mirror of %s)", err, o.Topic)
+		}
+	}
+	if len(o.Mirrors) > 0 && mode == ModeCheckpoint {
+		return sum, fmt.Errorf("gc: topic %s has mirrors: checkpoint mode cannot see their records; use full", o.Topic)
+	}
 
 	// 2. gc's clock, then the high watermarks (this order makes them a
 	// checkpoint), and the log start offsets.
@@ -433,7 +479,7 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 	}
 	if mode == ModeAuto {
 		mode = ModeFull
-		if proof != nil {
+		if proof != nil && len(o.Mirrors) == 0 {
 			mode = ModeCheckpoint
 		}
 	}
@@ -483,6 +529,7 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 
 	// 6. Decide.
 	var e1 offsets
+	var me1 map[string]offsets // mirrors' E1
 	if mode == ModeCheckpoint {
 		e1 = hw
 	} else {
@@ -497,8 +544,29 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 			}
 			return sum, fmt.Errorf("%w; nothing deleted", err)
 		}
-		sum.LiveReferences = len(live)
 		e1 = end
+		for _, m := range o.Mirrors {
+			base := sum.RecordsRead
+			mlive, mn, mend, err := readLive(ctx, cl, adm, m, mirrorCompacted[m], r.readWorkers, func(n int64) {
+				sum.RecordsRead = base + n
+				r.report(Progress{Phase: "read"})
+			})
+			sum.RecordsRead = base + mn
+			if err != nil {
+				if ctx.Err() != nil {
+					return sum, ctx.Err()
+				}
+				return sum, fmt.Errorf("mirror %s: %w; nothing deleted", m, err)
+			}
+			for name := range mlive {
+				live[name] = struct{}{}
+			}
+			if me1 == nil {
+				me1 = map[string]offsets{}
+			}
+			me1[m] = mend
+		}
+		sum.LiveReferences = len(live)
 		for _, oi := range old {
 			if _, ok := live[objectName(oi.FullPath)]; ok {
 				sum.Referenced++
@@ -519,7 +587,7 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 	}
 
 	// 7. Quarantine the candidates.
-	own, lastMove, err := r.quarantine(ctx, cands, manifest{Version: 1, Run: sum.RunID, Topic: o.Topic, TopicID: topicID, Mode: mode, Start: start, E1: e1})
+	own, lastMove, err := r.quarantine(ctx, cands, manifest{Version: 1, Run: sum.RunID, Topic: o.Topic, TopicID: topicID, Mode: mode, Start: start, E1: e1, Mirrors: me1})
 	if err != nil {
 		return sum, err
 	}
@@ -527,7 +595,7 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 	// 8. Wait, recheck, restore what is referenced, delete the rest.
 	var all []qobj
 	for _, q := range own {
-		q.e1 = e1
+		q.e1, q.me1 = e1, me1
 		all = append(all, q)
 	}
 	runs := map[string]bool{}
@@ -536,15 +604,17 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 	}
 	for _, lr := range leftovers {
 		var le1 offsets // nil: no manifest, restore unconditionally
+		var lme1 map[string]offsets
 		if lr.manifest != nil {
 			runs[lr.run] = true
 			le1 = lr.manifest.E1
 			if le1 == nil || (lr.manifest.TopicID != "" && topicID != "" && lr.manifest.TopicID != topicID) {
 				le1 = offsets{} // another incarnation of the topic: from its start
 			}
+			lme1 = lr.manifest.Mirrors
 		}
 		for _, q := range lr.objs {
-			q.e1 = le1
+			q.e1, q.me1 = le1, lme1
 			all = append(all, q)
 		}
 	}
@@ -708,47 +778,98 @@ func (r *run) finish(ctx context.Context, all []qobj, runs map[string]bool, dead
 		}
 	}
 
-	// The recheck.
+	// The recheck: every topic whose records may reference the objects,
+	// from the smallest E1 of all (a mirror an object's run did not read:
+	// from its start) to the current high watermarks.
+	topics := append([]string{r.o.Topic}, r.o.Mirrors...)
 	referenced := map[string]bool{}
 	names := map[string]bool{}
-	var from offsets
+	froms := map[string]offsets{}
 	for _, q := range all {
 		if q.e1 == nil {
 			continue
 		}
 		names[q.name] = true
-		if from == nil {
-			from = offsets{}
-			for p, off := range q.e1 {
-				from[p] = off
+		for _, tp := range topics {
+			e1, ok := q.e1, true
+			if tp != r.o.Topic {
+				e1, ok = q.me1[tp]
+				if !ok {
+					e1 = offsets{}
+				}
 			}
-			continue
-		}
-		for p := range from {
-			from[p] = min(from[p], q.e1[p]) // a partition q.e1 does not name: 0
+			from, seen := froms[tp]
+			if !seen {
+				from = offsets{}
+				for p, off := range e1 {
+					from[p] = off
+				}
+				froms[tp] = from
+				continue
+			}
+			for p := range from {
+				from[p] = min(from[p], e1[p]) // a partition e1 does not name: 0
+			}
 		}
 	}
-	if from != nil {
-		err := r.recheck(ctx, from, names, referenced)
+	restoreAll := func(err error) error {
+		for i := range all {
+			all[i].e1 = nil
+		}
+		r.apply(ctx, all, referenced)
+		for run := range runs {
+			if !r.runFailed(run) {
+				_ = r.g.removeManifest(ctx, run)
+			}
+		}
+		return fmt.Errorf("%w; every quarantined object restored, nothing deleted", err)
+	}
+	var ends map[string]offsets
+	if len(names) > 0 {
+		found, e2, err := r.scanAll(ctx, "recheck", froms, names)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			// Cannot tell what the appended records reference: put
 			// everything back.
-			for i := range all {
-				all[i].e1 = nil
+			return restoreAll(err)
+		}
+		for name := range found {
+			referenced[name] = true
+		}
+		// The late check, before anything is deleted: a record appended
+		// while the recheck read that references a quarantined object
+		// not back at its key was acknowledged later than the settle
+		// time after that object's write. The rule is broken: nothing
+		// is deleted.
+		r.report(Progress{Phase: "late"})
+		rest := map[string]bool{}
+		for name := range names {
+			if !referenced[name] {
+				rest[name] = true
 			}
-			r.apply(ctx, all, referenced)
-			for run := range runs {
-				if !r.runFailed(run) {
-					_ = r.g.removeManifest(ctx, run)
-				}
+		}
+		late, e3, err := r.scanAll(ctx, "late", e2, rest)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			return fmt.Errorf("%w; every quarantined object restored, nothing deleted", err)
+			return restoreAll(err)
+		}
+		ends = e3
+		if len(late) > 0 {
+			broken := r.lateReferences(ctx, all, late, false)
+			for name := range late {
+				referenced[name] = true
+			}
+			if len(broken) > 0 {
+				r.sum.LateReferences = broken
+				return restoreAll(fmt.Errorf("%w: %s", ErrSettleExceeded, describeLate(broken, r.settle)))
+			}
 		}
 	}
-	r.apply(ctx, all, referenced)
+	deleted := r.apply(ctx, all, referenced)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -759,69 +880,161 @@ func (r *run) finish(ctx context.Context, all []qobj, runs map[string]bool, dead
 			}
 		}
 	}
+	// The check after the deletes: records appended meanwhile that
+	// reference a deleted object. Reported, not undone (the bytes are
+	// gone; a producer that confirms its objects publishes them again).
+	if len(deleted) > 0 && ends != nil {
+		late, _, err := r.scanAll(ctx, "", ends, deleted)
+		if err == nil && len(late) > 0 {
+			if broken := r.lateReferences(ctx, all, late, true); len(broken) > 0 {
+				r.sum.LateReferences = broken
+				return errors.Join(fmt.Errorf("%w: %s", ErrSettleExceeded, describeLate(broken, r.settle)), r.failures())
+			}
+		}
+	}
 	return r.failures()
 }
 
-// recheck reads the records of the topic from `from` (per partition, no
-// lower than the log start offset) to the current high watermarks with
-// read_uncommitted, and marks in referenced the names of names that a
-// record's key or value reference names.
-func (r *run) recheck(ctx context.Context, from offsets, names, referenced map[string]bool) error {
-	topic := r.o.Topic
+// lateReferences returns, for each object of all whose name late names,
+// a LateReference unless the object is at its key again (republished, or
+// brought back by its producer: then nothing was lost and no rule broken).
+func (r *run) lateReferences(ctx context.Context, all []qobj, late map[string]refAt, deleted bool) []LateReference {
+	var out []LateReference
+	seen := map[string]bool{}
+	for _, q := range all {
+		at, ok := late[q.name]
+		if !ok || seen[q.name] {
+			continue
+		}
+		seen[q.name] = true
+		if _, err := r.g.ops.Stat(ctx, q.key); err == nil {
+			continue
+		}
+		out = append(out, LateReference{Topic: at.topic, Partition: at.partition, Offset: at.offset, Object: q.info.FullPath, Deleted: deleted})
+	}
+	slices.SortFunc(out, func(a, b LateReference) int { return strings.Compare(a.Object, b.Object) })
+	return out
+}
+
+// describeLate names the first late references for an error message.
+func describeLate(ls []LateReference, settle time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d object(s) referenced by records appended after the recheck (settle %s)", len(ls), settle)
+	for i, l := range ls {
+		if i == 3 {
+			fmt.Fprintf(&b, ", and %d more", len(ls)-3)
+			break
+		}
+		fmt.Fprintf(&b, "; topic %s partition %d offset %d references %s", l.Topic, l.Partition, l.Offset, l.Object)
+		if l.Deleted {
+			b.WriteString(" (deleted)")
+		}
+	}
+	return b.String()
+}
+
+// refAt is the position of a record.
+type refAt struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// scanAll scans each topic of froms (scan) and returns the first record
+// found for each name, and the offsets each topic was read to.
+func (r *run) scanAll(ctx context.Context, phase string, froms map[string]offsets, names map[string]bool) (map[string]refAt, map[string]offsets, error) {
+	found := map[string]refAt{}
+	ends := map[string]offsets{}
+	for _, tp := range append([]string{r.o.Topic}, r.o.Mirrors...) {
+		from, ok := froms[tp]
+		if !ok {
+			from = offsets{}
+		}
+		f, end, err := r.scan(ctx, phase, tp, from, names)
+		if err != nil {
+			return nil, nil, err
+		}
+		ends[tp] = end
+		for name, at := range f {
+			if _, dup := found[name]; !dup {
+				found[name] = at
+			}
+		}
+	}
+	return found, ends, nil
+}
+
+// scan reads the records of topic from `from` (per partition, no lower
+// than the log start offset) to the current high watermarks with
+// read_uncommitted, and returns, for each of names that a record's key or
+// value reference names, the first such record, and the high watermarks it
+// read to. Its progress is reported as phase ("": not reported).
+func (r *run) scan(ctx context.Context, phase, topic string, from offsets, names map[string]bool) (map[string]refAt, offsets, error) {
 	e2, err := listOffsets(ctx, topic, "end offsets", r.adm.ListEndOffsets)
 	if err != nil {
-		return err
+		return nil, nil, err
+	}
+	if len(names) == 0 {
+		return nil, e2, nil
 	}
 	ls, err := listOffsets(ctx, topic, "start offsets", r.adm.ListStartOffsets)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	spans := make(map[int32]span, len(e2))
 	for p, end := range e2 {
 		spans[p] = span{start: max(from[p], ls[p]), end: end}
 	}
 	gs := groups(spans, r.readWorkers)
-	found := make([]map[string]bool, len(gs))
+	found := make([]map[string]refAt, len(gs))
 	for i := range found {
-		found[i] = map[string]bool{}
+		found[i] = map[string]refAt{}
 	}
+	base := r.sum.Rechecked
 	n, err := readGroups(ctx, r.cl, topic, spans, gs, false, func(g int, rec *kgo.Record) error {
 		kp, vp, err := references(rec)
 		if err != nil {
 			return err
 		}
 		for _, p := range []string{kp, vp} {
-			if p != "" && names[objectName(p)] {
-				found[g][objectName(p)] = true
+			if p == "" || !names[objectName(p)] {
+				continue
+			}
+			if _, ok := found[g][objectName(p)]; !ok {
+				found[g][objectName(p)] = refAt{rec.Topic, rec.Partition, rec.Offset}
 			}
 		}
 		return nil
 	}, func(n int64) {
-		r.sum.Rechecked = n
-		r.report(Progress{Phase: "recheck"})
+		r.sum.Rechecked = base + n
+		if phase != "" {
+			r.report(Progress{Phase: phase})
+		}
 	})
-	r.sum.Rechecked = n
+	r.sum.Rechecked = base + n
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	out := map[string]refAt{}
 	for _, f := range found {
-		for name := range f {
-			referenced[name] = true
+		for name, at := range f {
+			out[name] = at
 		}
 	}
-	return nil
+	return out, e2, nil
 }
 
 // apply restores every object of all that has no E1 or whose name is
 // referenced, and deletes the others.
-func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool) {
+func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool) map[string]bool {
+	deleted := map[string]bool{}
 	type result struct {
 		restore, done bool
 		err           error
 	}
 	res := make([]result, len(all))
 	var mu sync.Mutex
-	restored, deleted := 0, 0
+	restored, nDeleted := 0, 0
 	parallel(ctx, len(all), r.storeWorkers, func(i int) {
 		q := all[i]
 		restore := q.e1 == nil || referenced[q.name]
@@ -836,12 +1049,12 @@ func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool)
 		if err == nil && restore {
 			restored++
 		} else if err == nil {
-			deleted++
+			nDeleted++
 		}
 		mu.Unlock()
 	}, func() {
 		mu.Lock()
-		p := Progress{Phase: "finish", Restored: restored, Deleted: deleted}
+		p := Progress{Phase: "finish", Restored: restored, Deleted: nDeleted}
 		mu.Unlock()
 		r.report(p)
 	})
@@ -860,6 +1073,9 @@ func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool)
 			continue
 		}
 		own := q.run == r.sum.RunID
+		if !x.restore {
+			deleted[q.name] = true
+		}
 		switch {
 		case x.restore && own:
 			r.sum.Restored++
@@ -880,6 +1096,7 @@ func (r *run) apply(ctx context.Context, all []qobj, referenced map[string]bool)
 	slices.SortFunc(r.sum.Candidates, byPath)
 	slices.SortFunc(r.sum.LeftoverDeletedObjects, byPath)
 	slices.SortFunc(r.sum.RestoredObjects, byPath)
+	return deleted
 }
 
 // topicIDOf returns the topic's id ("" when the broker has none).

@@ -167,7 +167,7 @@ func TestCollectPartitionsAndFailedDelete(t *testing.T) {
 		sum.BytesFreed != sizes[orphans[0]]+sizes[orphans[2]] || sum.RecordsRead != 4 || sum.Compacted || sum.Mode != lifecycle.ModeFull {
 		t.Fatalf("summary %+v", sum)
 	}
-	if want := []string{"list", "read", "quarantine", "settle", "recheck", "finish"}; !slices.Equal(phases, want) {
+	if want := []string{"list", "read", "quarantine", "settle", "recheck", "late", "finish"}; !slices.Equal(phases, want) {
 		t.Fatalf("progress phases %v, want %v", phases, want)
 	}
 	for _, p := range live {

@@ -18,7 +18,7 @@ import (
 // "q/<run>/", holding its manifest and its objects as
 // "q/<run>/<shard>/<id>"; S3 touches copy through "touch/<uuid>".
 const (
-	quarantineDir = "q/"
+	quarantineDir = "q/" // payloadstore.Confirm looks for objects there
 	manifestName  = "manifest.json"
 	touchDir      = "touch/"
 	// touchLeftoverAge: a temporary copy of an S3 touch older than this
@@ -41,6 +41,10 @@ type manifest struct {
 	// or the high watermarks taken before it listed the store). Records
 	// from E1 on are read before anything is removed from quarantine.
 	E1 offsets `json:"e1"`
+	// Mirrors: the same for each mirror topic the run read
+	// (Options.Mirrors). A mirror a later run names that is not here is
+	// read from its start.
+	Mirrors map[string]offsets `json:"mirrors,omitempty"`
 }
 
 // qobj is one object in quarantine.
@@ -51,6 +55,7 @@ type qobj struct {
 	name string                  // objectName of its original full path
 	info payloadstore.ObjectInfo // FullPath: its original full path
 	e1   offsets                 // its run's E1; nil: restore unconditionally
+	me1  map[string]offsets      // its run's E1 of each mirror (with e1 set)
 }
 
 // newRunID names a run: its start time (UTC, sortable) and 32 random bits.

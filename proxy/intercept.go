@@ -399,6 +399,14 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			if n := f.produce.Refused(c.ctx, resp); n > 0 {
 				c.log.Debug("the broker refused partitions whose payloads the interceptors had published; they were deleted", "partitions", n)
 			}
+			// Before the client's acknowledgement: payloads ferry gc
+			// took while the broker's answer was on its way come back.
+			if n, errs := f.produce.Confirm(c.ctx, resp); n > 0 || len(errs) > 0 {
+				c.log.Warn("payloads of acknowledged records were quarantined or deleted by ferry gc before the acknowledgement; brought back", "objects", n)
+				for _, err := range errs {
+					c.log.Error("an acknowledged record's payload could not be brought back", "err", err)
+				}
+			}
 			if len(f.produce.Answered) > 0 {
 				f.produce.Merge(resp)
 				changed = true

@@ -1,0 +1,125 @@
+package payloadstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Confirmation is what Confirm found and did.
+type Confirmation int
+
+const (
+	// Present: the object was at its key.
+	Present Confirmation = iota
+	// RestoredFromQuarantine: ferry gc had moved the object to its
+	// quarantine; Confirm copied it back to its key.
+	RestoredFromQuarantine
+	// Republished: the object was gone (gc had deleted it); Confirm
+	// published it again from the producer's bytes.
+	Republished
+)
+
+func (c Confirmation) String() string {
+	switch c {
+	case Present:
+		return "present"
+	case RestoredFromQuarantine:
+		return "restored from quarantine"
+	case Republished:
+		return "republished"
+	}
+	return fmt.Sprintf("Confirmation(%d)", int(c))
+}
+
+// ErrPayloadLost: an acknowledged record references an object that ferry gc
+// deleted before the acknowledgement arrived, and the producer no longer
+// holds its bytes. It wraps ErrPayloadNotFound.
+var ErrPayloadLost = fmt.Errorf("%w: deleted before the record's acknowledgement, and no bytes to publish it again", ErrPayloadNotFound)
+
+// Confirm makes sure the object at fullPath is at its key after the
+// acknowledgement of a record that references it (docs/OPERATIONS.md §4:
+// the producer's half of gc's safety). ferry gc moves an object it finds
+// unreferenced to "<topic>/.ferry-gc/q/<run>/<shard>/<id>" and deletes it
+// after its settle time unless a record appended meanwhile references it; a
+// record whose acknowledgement came later than that is seen too late. So,
+// after the acknowledgement, Confirm:
+//
+//  1. Stats the key: there, done (Present). (A gc run that moves the
+//     object after this sees the acknowledged record in its read or its
+//     recheck: it is below the high watermark the recheck reads to.)
+//  2. Looks for the object in the topic's quarantine folders and copies it
+//     back (RestoredFromQuarantine); gc's own restore or delete of the
+//     quarantined copy then leaves the key alone.
+//  3. Stats the key again (gc may have restored it meanwhile), then calls
+//     republish, when not nil, which must publish the same bytes at the same
+//     key (Republished).
+//
+// Errors: ErrPayloadLost when the object cannot be brought back,
+// ErrInvalidPath for a path outside the store, and the store's errors. A
+// store without key-level operations (no ObjectStore) cannot be collected
+// by ferry gc: Present.
+func Confirm(ctx context.Context, s PayloadStore, fullPath string, republish func(context.Context) error) (Confirmation, error) {
+	ops, err := Objects(s)
+	if err != nil {
+		return Present, nil
+	}
+	key, kp, err := ops.Root().KeyOf(fullPath)
+	if err != nil {
+		return Present, err
+	}
+	if _, err := ops.Stat(ctx, key); err == nil {
+		return Present, nil
+	} else if !errors.Is(err, ErrPayloadNotFound) {
+		return Present, err
+	}
+	if q, err := findInQuarantine(ctx, ops, key, kp.Topic); err != nil {
+		return Present, err
+	} else if q != "" {
+		if err := ops.Copy(ctx, q, key); err == nil {
+			return RestoredFromQuarantine, nil
+		}
+		// Gone meanwhile (gc restored or deleted it): see below.
+	}
+	if _, err := ops.Stat(ctx, key); err == nil {
+		return Present, nil // restored by gc
+	} else if !errors.Is(err, ErrPayloadNotFound) {
+		return Present, err
+	}
+	if republish == nil {
+		return Present, &Error{Op: "confirm", Path: fullPath, Err: ErrPayloadLost}
+	}
+	if err := republish(ctx); err != nil {
+		return Present, fmt.Errorf("confirming %s: publishing it again: %w", fullPath, err)
+	}
+	return Republished, nil
+}
+
+// errFound stops a listing.
+var errFound = errors.New("found")
+
+// findInQuarantine returns the key of the object at key in one of the
+// topic's gc quarantine folders ("<topic>/.ferry-gc/q/<run>/<rest>", where
+// key is "<topic>/<rest>"), or "".
+func findInQuarantine(ctx context.Context, ops ObjectStore, key, topic string) (string, error) {
+	prefix, err := GCPrefix(topic)
+	if err != nil {
+		return "", err
+	}
+	prefix += "q/"
+	rest := strings.TrimPrefix(key, topic+"/")
+	var found string
+	err = ops.ListKeys(ctx, prefix, func(k string, _ ObjectInfo) error {
+		_, r, ok := strings.Cut(strings.TrimPrefix(k, prefix), "/")
+		if ok && r == rest {
+			found = k
+			return errFound
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errFound) {
+		return "", err
+	}
+	return found, nil
+}
