@@ -160,8 +160,11 @@ import (
 const DefaultGrace = 24 * time.Hour
 
 // DefaultSettle is the settle time when Options.Settle is 0 and
-// Options.SettleSet is false: two minutes.
-const DefaultSettle = 2 * time.Minute
+// Options.SettleSet is false: ten minutes, five times the Java producer's
+// delivery.timeout.ms (120 s), the longest a producer that does not confirm
+// its objects (Plan.Confirm) may take from its publish to the record's
+// acknowledgement.
+const DefaultSettle = 10 * time.Minute
 
 // DefaultStoreConcurrency is the number of store operations (moves,
 // restores, deletes) in flight when Options.StoreConcurrency is 0.
@@ -217,7 +220,7 @@ type Options struct {
 	// a candidate); for tests and for topics known to be idle.
 	GraceSet bool
 	// Settle: how long quarantined objects wait before the records
-	// appended meanwhile are read. 0 means DefaultSettle (2m) unless
+	// appended meanwhile are read. 0 means DefaultSettle (10m) unless
 	// SettleSet is true.
 	Settle time.Duration
 	// SettleSet makes a Settle of 0 mean zero.

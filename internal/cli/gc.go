@@ -16,12 +16,13 @@ type gcFlags struct {
 	brokers, topic, store, mode string
 	grace, settle               time.Duration
 	dryRun                      bool
+	mirrors                     []string
 }
 
 func (a *app) gcCommand() *cobra.Command {
 	var f gcFlags
 	cmd := &cobra.Command{
-		Use:   "gc --brokers HOST:PORT[,...] --topic TOPIC --store URL [--grace DURATION] [--settle DURATION] [--mode auto|full|checkpoint] [--dry-run]",
+		Use:   "gc --brokers HOST:PORT[,...] --topic TOPIC --store URL [--grace DURATION] [--settle DURATION] [--mode auto|full|checkpoint] [--mirror TOPIC]... [--dry-run]",
 		Short: "Delete payloads of a topic that no live record references",
 		Long: `Delete the objects under TOPIC's prefix in the payload store that no live
 record of TOPIC references and that are older than --grace (default 24h).
@@ -42,13 +43,29 @@ offset has reached a checkpoint's offsets, an object whose age exceeds
 otherwise; full always reads; checkpoint never does.
 
 Removing. Garbage is first moved to TOPIC/.ferry-gc/q/RUN/ (an object
-republished or touched since the listing stays). After --settle (default 2m)
+republished or touched since the listing stays). After --settle (default 10m)
 the records appended since the decision are read (read_uncommitted) and
-every quarantined object one of them references is moved back; the rest is
-deleted. A run that was interrupted leaves its folder; the next run finishes
+every quarantined object one of them references is moved back; the records
+appended during that read are checked once more, and when one of them
+references a quarantined object (acknowledged later than --settle allows)
+everything is moved back, nothing is deleted, and gc exits 1 naming the
+record; the rest is deleted, and records appended meanwhile are checked for
+references to what was deleted (reported the same way). A run that was interrupted leaves its folder; the next run finishes
 it by the same rule. A record whose reference does not decode, or a read
 that does not complete, stops ferry before anything is deleted (after the
 quarantine: everything is moved back).
+
+--mirror TOPIC (repeatable) names a topic of the same cluster whose records
+are byte-for-byte copies of TOPIC's (a mirror its consumers read with
+large.message.reference.resolve.topics): its references keep TOPIC's objects
+too. With a mirror every run reads (--mode full).
+
+Producers that confirm their objects after the acknowledgement (Ferry's Go
+Producer, ferry produce, the proxy's large-message interceptor) bring back
+an object gc quarantined or deleted while their acknowledgement was on its
+way, whatever its delay; the timing rules below protect the records of
+producers that do not (other libraries, a producer killed between the
+broker's append and its confirmation).
 
 --grace must exceed the longest time between a payload's publish (or touch)
 and its record's acknowledgement (producer retries,
@@ -77,6 +94,7 @@ restored, deleted and bytes freed.`,
 	fl.DurationVar(&f.settle, "settle", lifecycle.DefaultSettle, "keep quarantined objects this `DURATION` before rechecking the appended records")
 	fl.StringVar(&f.mode, "mode", string(lifecycle.ModeAuto), "how garbage is found: auto, full (read the topic) or checkpoint (delete-policy topics; never read the topic)")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "delete nothing; list what would be deleted")
+	fl.StringArrayVar(&f.mirrors, "mirror", nil, "a mirror `TOPIC` whose records reference this topic's objects (repeatable)")
 	return cmd
 }
 
@@ -119,7 +137,7 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 		defer bar.Finish()
 	}
 	sum, err := lifecycle.Collect(ctx, cl, store, lifecycle.Options{
-		Topic: f.topic, Grace: f.grace, GraceSet: true, Settle: f.settle, SettleSet: true, Mode: mode, DryRun: f.dryRun,
+		Topic: f.topic, Grace: f.grace, GraceSet: true, Settle: f.settle, SettleSet: true, Mode: mode, DryRun: f.dryRun, Mirrors: f.mirrors,
 		Progress: func(p lifecycle.Progress) {
 			if bar == nil {
 				return
@@ -135,6 +153,8 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 				bar.Describe(fmt.Sprintf("gc: %d quarantined, waiting %s", p.Quarantined, f.settle))
 			case "recheck":
 				bar.Describe(fmt.Sprintf("gc: %d quarantined, %d appended records read", p.Quarantined, p.Rechecked))
+			case "late":
+				bar.Describe(fmt.Sprintf("gc: %d quarantined, checking the records appended during the recheck", p.Quarantined))
 			case "finish":
 				bar.Describe(fmt.Sprintf("gc: %d restored, %d deleted", p.Restored, p.Deleted))
 			}
@@ -144,7 +164,7 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 	if bar != nil {
 		bar.Finish()
 	}
-	if err == nil || sum.Quarantined > 0 || sum.Deleted > 0 || sum.Failed > 0 || sum.LeftoverRuns > 0 { // a failed run that changed nothing gets no summary
+	if err == nil || sum.Quarantined > 0 || sum.Deleted > 0 || sum.Failed > 0 || sum.LeftoverRuns > 0 || len(sum.LateReferences) > 0 { // a failed run that changed nothing gets no summary
 		a.gcSummary(f, sum)
 	}
 	return err
@@ -165,6 +185,13 @@ func (a *app) gcSummary(f gcFlags, sum lifecycle.Summary) {
 	}
 	for _, c := range sum.RestoredObjects {
 		fmt.Fprintf(w, "restored %s (%d bytes): referenced by a record appended since it was quarantined\n", c.FullPath, c.Size)
+	}
+	for _, l := range sum.LateReferences {
+		state := "quarantined: everything restored, nothing deleted"
+		if l.Deleted {
+			state = "already deleted: lost unless its producer confirms it"
+		}
+		fmt.Fprintf(w, "late: topic %s partition %d offset %d references %s, appended after the recheck (%s; raise --settle)\n", l.Topic, l.Partition, l.Offset, l.Object, state)
 	}
 	for _, c := range sum.LeftoverDeletedObjects {
 		fmt.Fprintf(w, "deleted %s (%d bytes): left in quarantine by an interrupted run\n", c.FullPath, c.Size)
