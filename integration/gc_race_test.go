@@ -70,12 +70,14 @@ func gcRaceRuns(t *testing.T) (int, time.Time) {
 //     references: the object is touched instead of published).
 //
 // At the end every acknowledged record still in the log must resolve to the
-// bytes it was produced with.
+// bytes it was produced with, however long its acknowledgement took: the
+// producers confirm their objects after it (the Producer itself; the slow
+// producer, which produces with the client, calls Plan.Confirm).
 //
 // "full": grace 0, no retention: every run reads the topic. "checkpoint":
 // the test plays retention with DeleteRecords, so runs go to checkpoint
-// mode; the grace is 2 s there, above the producers' publish-to-ack delay,
-// which the checkpoint proof rests on.
+// mode (grace 2 s; a slower acknowledgement is the confirmation's to
+// repair, as in full mode).
 func TestGCRaceFileStore(t *testing.T) {
 	t.Run("full", func(t *testing.T) { gcRace(t, fileStoreURL(t), false) })
 	t.Run("checkpoint", func(t *testing.T) { gcRace(t, fileStoreURL(t), true) })
@@ -223,7 +225,8 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 		v := randomBytes(2e6+unique.Add(1), 1100+rng.IntN(500))
 		r := &kgo.Record{Topic: topic, Key: []byte("slow"), Value: v}
 		start := time.Now()
-		if _, err := e.prod.Prepare(pctx, r); err != nil {
+		plan, err := e.prod.PreparePlan(pctx, r)
+		if err != nil {
 			fail(fmt.Errorf("slow prepare: %w", err))
 			return
 		}
@@ -231,6 +234,14 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 		if err := e.prod.Client().ProduceSync(pctx, r).FirstErr(); err != nil {
 			fail(fmt.Errorf("slow produce: %w", err))
 			return
+		}
+		// Produced with the client itself: the confirmation the
+		// Producer makes after the acknowledgement is the caller's.
+		if plan != nil {
+			if _, err := plan.Confirm(pctx); err != nil {
+				fail(fmt.Errorf("slow produce: confirming: %w", err))
+				return
+			}
 		}
 		acked(start)
 		produced.Add(1)
@@ -264,7 +275,7 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 	var total lifecycle.Summary
 	modes := map[lifecycle.Mode]int{}
 	time.Sleep(500 * time.Millisecond)
-	iterations := 0
+	iterations, settleExceeded, lateReferences := 0, 0, 0
 	for i := 0; i < minRuns || time.Now().Before(until); i++ {
 		iterations++
 		time.Sleep(gap)
@@ -280,7 +291,16 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 		}
 		sum, err := lifecycle.Collect(ctxT(t, 3*time.Minute), client(t), e.store, lifecycle.Options{
 			Topic: topic, Grace: grace, GraceSet: true, Settle: settle, SettleSet: true})
-		if err != nil {
+		switch {
+		case errors.Is(err, lifecycle.ErrSettleExceeded):
+			// A record came after the recheck (a slow acknowledgement
+			// on a busy machine): gc saw it; before its deletes it
+			// restores everything, after them the producers' own
+			// confirmation brings the objects back. Either way every
+			// acknowledged record must still resolve below.
+			settleExceeded++
+			lateReferences += len(sum.LateReferences)
+		case err != nil:
 			t.Fatalf("gc run %d: %v", i, err)
 		}
 		modes[sum.Mode]++
@@ -339,16 +359,12 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 		iterations, modes, total.Listed, total.Quarantined, total.Changed, total.Restored, total.Deleted, total.Unproven, total.RecordsRead, total.Rechecked)
 	t.Logf("producers: %d records acknowledged (%d orphans republished and produced, %d re-produces refused because the object was in quarantine or deleted); %d acknowledged records in the log checked, %d unreadable, %d records not acknowledged",
 		produced.Load(), orphansRepublished.Load(), touchRefused.Load(), checked, unreadable, unknown)
-	bound := settle
-	if checkpoints {
-		bound = min(settle, grace)
-	}
-	t.Logf("longest write-to-acknowledgement delay of the producers: %s (settle %s, grace %s)",
-		time.Duration(maxDelay.Load()).Round(time.Millisecond), settle, grace)
-	if unreadable > 0 && time.Duration(maxDelay.Load()) >= bound {
-		t.Errorf("a producer took %s from its write to its acknowledgement, beyond the %s the test gives gc: the machine broke the operator's rule, not necessarily gc",
-			time.Duration(maxDelay.Load()).Round(time.Millisecond), bound)
-	}
+	// The producers confirm their objects after each acknowledgement
+	// (Plan.Confirm), so no delay breaks them: a record acknowledged
+	// later than the settle time (or, in checkpoint mode, the grace)
+	// finds its object in quarantine or gone, and brings it back.
+	t.Logf("longest write-to-acknowledgement delay of the producers: %s (settle %s, grace %s); %d runs saw a record after their recheck (%d late references, ErrSettleExceeded)",
+		time.Duration(maxDelay.Load()).Round(time.Millisecond), settle, grace, settleExceeded, lateReferences)
 	if checked != inLog {
 		t.Errorf("checked %d acknowledged records, %d are in the log", checked, inLog)
 	}
