@@ -88,8 +88,12 @@ func TestGCRaceS3(t *testing.T) {
 	t.Run("checkpoint", func(t *testing.T) { gcRace(t, storetest.S3URL(t, "ferry-gc"), true) })
 }
 
-// raceExpect is what an acknowledged record must resolve to.
-type raceExpect struct{ key, value [32]byte }
+// raceExpect is what an acknowledged record must resolve to, and the time
+// from the write of its objects to its acknowledgement.
+type raceExpect struct {
+	key, value [32]byte
+	delay      time.Duration
+}
 
 type raceLog struct {
 	mu      sync.Mutex
@@ -98,8 +102,8 @@ type raceLog struct {
 	digests []raceExpect
 }
 
-func (l *raceLog) add(r *kgo.Record, key, value []byte) {
-	e := raceExpect{sha256.Sum256(key), sha256.Sum256(value)}
+func (l *raceLog) add(r *kgo.Record, key, value []byte, delay time.Duration) {
+	e := raceExpect{sha256.Sum256(key), sha256.Sum256(value), delay}
 	l.addExpect(r, e)
 }
 
@@ -154,12 +158,12 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 	// in checkpoint mode the grace) must exceed it, an operator's rule that
 	// a very busy machine could break for this test.
 	var maxDelay atomic.Int64
-	acked := func(since time.Time) {
+	acked := func(since time.Time) time.Duration {
 		d := int64(time.Since(since))
 		for {
 			m := maxDelay.Load()
 			if d <= m || maxDelay.CompareAndSwap(m, d) {
-				return
+				return time.Duration(d)
 			}
 		}
 	}
@@ -190,9 +194,9 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 		if err := e.prod.ProduceSync(pctx, r).FirstErr(); err != nil {
 			return err
 		}
-		acked(start)
+		d := acked(start)
 		produced.Add(1)
-		log.add(r, key, value)
+		log.add(r, key, value, d)
 		return nil
 	}
 	// Republishers: pool contents with offloaded keys.
@@ -243,9 +247,9 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 				return
 			}
 		}
-		acked(start)
+		d := acked(start)
 		produced.Add(1)
-		log.add(r, []byte("slow"), v)
+		log.add(r, []byte("slow"), v, d)
 	})
 	// Re-producers: an acknowledged record, as a consumer would have it
 	// (reference and headers), produced again: the object is touched.
@@ -264,7 +268,7 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 			fail(fmt.Errorf("re-produce: %w", err))
 			return
 		}
-		acked(start)
+		want.delay = acked(start)
 		produced.Add(1)
 		log.addExpect(r, want)
 	})
@@ -331,7 +335,7 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 	}
 	recs := readAll(t, topic)
 	de := largemessage.NewDeserializer(e.store, false)
-	checked, unreadable, unknown := 0, 0, 0
+	checked, unreadable, unknown, beyondGrace := 0, 0, 0, 0
 	for _, r := range recs {
 		want, ok := log.acked[[2]int64{int64(r.Partition), r.Offset}]
 		if !ok {
@@ -340,8 +344,19 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 		}
 		checked++
 		if err := de.Resolve(ctxT(t, time.Minute), r); err != nil {
+			if checkpoints && want.delay >= grace {
+				// Checkpoint mode does not read the records between the
+				// checkpoint and the run's start: its proof rests on the
+				// grace rule (an acknowledgement within the grace of
+				// the write), which no confirmation replaces for an
+				// object moved after it (docs/OPERATIONS.md §4). This
+				// record's own acknowledgement broke it.
+				beyondGrace++
+				t.Logf("partition %d offset %d: %v (acknowledged %s after its write, beyond the grace %s)", r.Partition, r.Offset, err, want.delay.Round(time.Millisecond), grace)
+				continue
+			}
 			unreadable++
-			t.Errorf("partition %d offset %d: %v", r.Partition, r.Offset, err)
+			t.Errorf("partition %d offset %d: %v (acknowledged %s after its write)", r.Partition, r.Offset, err, want.delay.Round(time.Millisecond))
 			continue
 		}
 		if sha256.Sum256(r.Key) != want.key || sha256.Sum256(r.Value) != want.value {
@@ -365,6 +380,9 @@ func gcRace(t *testing.T, storeURL string, checkpoints bool) {
 	// finds its object in quarantine or gone, and brings it back.
 	t.Logf("longest write-to-acknowledgement delay of the producers: %s (settle %s, grace %s); %d runs saw a record after their recheck (%d late references, ErrSettleExceeded)",
 		time.Duration(maxDelay.Load()).Round(time.Millisecond), settle, grace, settleExceeded, lateReferences)
+	if beyondGrace > 0 {
+		t.Logf("%d records unreadable whose own acknowledgement came later than the grace after their write (checkpoint mode's rule)", beyondGrace)
+	}
 	if checked != inLog {
 		t.Errorf("checked %d acknowledged records, %d are in the log", checked, inLog)
 	}
