@@ -564,7 +564,7 @@ func (p *Plan) Confirm(ctx context.Context) (int, error) {
 				}
 				h := sha256.New()
 				if n, err := io.Copy(h, sp.p.Body); err != nil || n != sp.p.Size || [sha256.Size]byte(h.Sum(nil)) != sp.p.SHA256 {
-					return fmt.Errorf("the %s's bytes are no longer held (%d of %d bytes read, %v)", sp.sd.name, n, sp.p.Size, err)
+					return fmt.Errorf("%w (the %s's bytes were changed since: %d of %d bytes read, %v)", payloadstore.ErrPayloadLost, sp.sd.name, n, sp.p.Size, err)
 				}
 				if _, err := sp.p.Body.Seek(0, io.SeekStart); err != nil {
 					return err
