@@ -373,7 +373,47 @@ func (s *sender) stream(ctx context.Context, topic, name string, key []byte, f *
 	if d.err != nil {
 		return out, &sendError{name: name, err: fmt.Errorf("producing the reference: %w", d.err), notes: s.release(ctx, d)}
 	}
+	if err := s.confirmStreamed(ctx, rec, f, size, did.ValueSHA256); err != nil {
+		return out, &sendError{name: name, err: fmt.Errorf("the record is at partition %d offset %d, but %w", d.rec.Partition, d.rec.Offset, err)}
+	}
 	return s.result(out, d.rec), nil
+}
+
+// confirmStreamed is Plan.Confirm for a streamed value (the Producer does
+// it for the others): after the acknowledgement, an object ferry gc
+// quarantined meanwhile is copied back, and one it deleted is published
+// again from f (same id; a file changed since fails with
+// payloadstore.ErrPayloadChanged).
+func (s *sender) confirmStreamed(ctx context.Context, rec *kgo.Record, f *os.File, size int64, digest [32]byte) error {
+	ref, err := largemessage.DecodeReference(rec.Value)
+	if err != nil {
+		return nil // not a reference: nothing to confirm
+	}
+	path := ref.FullPayloadPath
+	kp, err := payloadstore.PathKey(path)
+	if err != nil {
+		return nil
+	}
+	c, err := payloadstore.Confirm(context.WithoutCancel(ctx), s.store, path, func(ctx context.Context) error {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		resp, err := s.store.Publish(ctx, rec.Topic, payloadstore.Payload{Body: f, Size: size, SHA256: digest, ID: kp.ID})
+		if err != nil {
+			return err
+		}
+		if resp.FullPayloadPath != path {
+			return fmt.Errorf("the store published it at %s", resp.FullPayloadPath)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("its payload %s is gone: %w", path, err)
+	}
+	if c != payloadstore.Present {
+		slog.Warn("a payload was quarantined or deleted by ferry gc before its record's acknowledgement arrived; brought back", "topic", rec.Topic, "path", path, "how", c.String())
+	}
+	return nil
 }
 
 // sendStdin reads r up to the cutoff into memory; a larger input is spooled
