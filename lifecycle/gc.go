@@ -67,18 +67,41 @@
 // reference, matched on "<topic>/<shard>/<id>"); a restored object is
 // touched where the move kept its old ModTime, and when an object is already
 // at its key again (republished: same bytes), the quarantined copy is
-// removed instead. Only then are the other quarantined objects deleted, and
-// the manifest last.
+// removed instead. The records of Options.Mirrors are read the same way.
+//
+// The late check: before deleting, the run reads the records appended while
+// the recheck read. One that references a quarantined object not back at
+// its key was acknowledged later than the settle time after the object's
+// write: every quarantined object is restored, nothing is deleted, and the
+// run fails with ErrSettleExceeded (Summary.LateReferences). Otherwise the
+// other quarantined objects are deleted, the manifest last, and the records
+// appended meanwhile are read once more: a reference to a deleted object
+// is reported the same way (too late to keep it).
+//
+// The producers' half (payloadstore.Confirm): after the acknowledgement,
+// Ferry's Producer, ferry produce and the proxy's large-message interceptor
+// check each object the record references, copy it back from the
+// quarantine, or publish it again from the bytes they still hold. With
+// them, a record whose acknowledgement came after the settle time keeps its
+// payload too (see below).
 //
 // Why this is safe: an acknowledged record R that references a quarantined
 // object X either lies below E1, where the decision saw it (full read) or
 // proves it deleted (checkpoint), or lies from E1 on. In the latter case, R
 // was produced after the write (publish, copy or touch) of X it relies on.
-// If that write came before X was moved, R was acknowledged within the
-// settle time of the write (the settle rule), so it lies below the high
-// watermarks the recheck reads to: the recheck sees R and restores X. If it came after the move, a
-// publish or copy put a new object at X's key (nothing to restore), and a
-// touch failed on the missing object, so R was never produced.
+// If it came after the move, a publish or copy put a new object at X's key
+// (nothing to restore), and a touch failed on the missing object, so R was
+// never produced. If the write came before the move: R appended before the
+// recheck's high watermarks is seen by the recheck, which restores X; R
+// appended during the recheck's read is seen by the late check, and nothing
+// is deleted; R appended later (acknowledged more than the settle time
+// after the write) finds X quarantined or gone when its producer confirms
+// it after the acknowledgement, and the producer brings it back. A run that
+// moves X after that confirmation takes its recheck's high watermarks after
+// the move, above R, and restores X. What remains a timing rule: a producer
+// that does not confirm (or dies between the broker's append and its
+// confirmation) needs the settle rule; checkpoint mode, which does not read
+// the records between its checkpoint and E1, needs the grace rule.
 //
 // A run that stops after moving (crash, kill, cancelled context) leaves its
 // folder. The next run lists such folders before it lists the store, and
@@ -97,11 +120,12 @@
 //     checkpoint's time, the cutoff). A payload published but not yet in
 //     the log looks like an orphan; grace is what protects it from the full
 //     read's point of view, and it is what the checkpoint proof rests on.
-//   - Settle (2m by default) must exceed the longest time between such a
-//     write and the acknowledgement of the record (producer retries and
-//     batching; the Java producer's delivery.timeout.ms of 120 s counts in
-//     full). For a transactional record that is its produce, not the
-//     commit: the recheck reads with read_uncommitted.
+//   - Settle (10m by default) must exceed, for producers that do not
+//     confirm their objects, the longest time between such a write and the
+//     acknowledgement of the record (producer retries and batching; the
+//     Java producer's delivery.timeout.ms of 120 s counts in full). For a
+//     transactional record that is its produce, not the commit: the
+//     recheck reads with read_uncommitted.
 //   - Acknowledged means acks=all (the default of idempotent producers): a
 //     record acknowledged before a checkpoint's time lies below the high
 //     watermark read after it.
