@@ -243,7 +243,9 @@ func TestGCMirror(t *testing.T) {
 		t.Fatal(err)
 	}
 	var offs kadm.Offsets
-	ends.Each(func(lo kadm.ListedOffset) { offs.Add(kadm.Offset{Topic: topic, Partition: lo.Partition, At: lo.Offset}) })
+	ends.Each(func(lo kadm.ListedOffset) {
+		offs.Add(kadm.Offset{Topic: topic, Partition: lo.Partition, At: lo.Offset})
+	})
 	if _, err := adm.DeleteRecords(ctxT(t, time.Minute), offs); err != nil {
 		t.Fatal(err)
 	}
