@@ -399,6 +399,7 @@ func newTopicPartitions(t testing.TB, n int32, configs map[string]*string) strin
 	if err != nil || resp.Err != nil {
 		t.Fatalf("create topic %s: %v %v", name, err, resp.Err)
 	}
+	waitTopic(t, name, int(n))
 	return name
 }
 

@@ -56,7 +56,59 @@ func newTopic(t testing.TB, configs map[string]*string) string {
 	if err != nil || resp.Err != nil {
 		t.Fatalf("create topic %s: %v %v", name, err, resp.Err)
 	}
+	waitTopic(t, name, 1)
 	return name
+}
+
+// waitTopic waits (up to a minute) until the broker serves topic's n
+// partitions: each has a leader in Metadata, its end offset lists, and its
+// configs describe. CreateTopics answers before a busy broker's metadata
+// has the topic, and a test that uses it at once would find it missing.
+func waitTopic(t testing.TB, topic string, n int) {
+	t.Helper()
+	adm := kadm.NewClient(client(t))
+	deadline := time.Now().Add(time.Minute)
+	var last error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		last = func() error {
+			md, err := adm.Metadata(ctx, topic)
+			if err != nil {
+				return err
+			}
+			td, ok := md.Topics[topic]
+			if !ok || td.Err != nil || len(td.Partitions) != n {
+				return fmt.Errorf("metadata: %v (%d partitions)", td.Err, len(td.Partitions))
+			}
+			for _, p := range td.Partitions {
+				if p.Err != nil || p.Leader < 0 {
+					return fmt.Errorf("partition %d: leader %d, %v", p.Partition, p.Leader, p.Err)
+				}
+			}
+			ends, err := adm.ListEndOffsets(ctx, topic)
+			if err == nil {
+				err = ends.Error()
+			}
+			if err != nil {
+				return err
+			}
+			rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+			if err != nil {
+				return err
+			}
+			rc, err := rcs.On(topic, nil)
+			if err != nil {
+				return err
+			}
+			return rc.Err
+		}()
+		cancel()
+		if last == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("topic %s created but not served within a minute: %v", topic, last)
 }
 
 func client(t testing.TB, opts ...kgo.Opt) *kgo.Client {
