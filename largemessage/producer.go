@@ -219,7 +219,9 @@ func (p *Producer) clientBatchMax(topic string) int64 {
 // produced with the wrapped client as usual. A record without a topic gets
 // the client's kgo.DefaultProduceTopic first, as kgo would give it. (Produce
 // and ProduceSync also keep batches within the topic's limits; a record
-// produced with the client directly gets no such guard.)
+// produced with the client directly gets no such guard, and its objects are
+// not confirmed after its acknowledgement: PreparePlan returns the plan
+// whose Confirm does that.)
 func (p *Producer) Prepare(ctx context.Context, rec *kgo.Record) (Offloaded, error) {
 	p.defaultTopicFor(rec)
 	return p.ser.Offload(ctx, rec, p.Limits(ctx, rec.Topic))
