@@ -112,6 +112,7 @@ var restartKeys = []struct {
 	{"upstream.response.max.bytes", func(c *Config) any { return c.MaxResponseBytes }},
 	{"dial.timeout.ms", func(c *Config) any { return c.DialTimeout }},
 	{"connections.max.idle.ms", func(c *Config) any { return c.IdleTimeout }},
+	{"connections.first.request.timeout.ms", func(c *Config) any { return c.FirstRequestTimeout }},
 	{"shutdown.timeout.ms", func(c *Config) any { return c.ShutdownTimeout }},
 	{"admin.listen", func(c *Config) any { return c.AdminListen }},
 	{"admin.pprof.enabled", func(c *Config) any { return c.Pprof }},
