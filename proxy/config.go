@@ -112,6 +112,12 @@ type Config struct {
 	// built-ins are large-message, validate-json, redact and encrypt
 	// (docs/INTERCEPTORS.md). Empty: every request passes opaque.
 	Interceptors []interceptor.Spec
+	// ReloadAllowUnprotected lets a reload remove or narrow an interceptor
+	// that protects data (encrypt, redact, validate-*) or empty the chain
+	// (`reload.allow.unprotected`, default false: such a reload is refused
+	// and the running chain kept, reload_guard.go). Read from the
+	// configuration being loaded, so it must be in the new file.
+	ReloadAllowUnprotected bool
 	// InterceptorTimeout is the time budget of one interceptor call
 	// (`produce.request.interceptor.timeout.ms`, default 5000); a call over
 	// it fails its partition (REQUEST_TIMED_OUT) instead of stalling.
@@ -457,7 +463,7 @@ var configKeys = []string{
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
 	"sni.bootstrap.host", "sni.broker.host.pattern", "sni.advertised.port",
-	"interceptors", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
+	"interceptors", "reload.allow.unprotected", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
 	"max.connections", "max.connections.per.ip", "max.in.flight.requests.per.connection", "proxy.memory.max.bytes",
 	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
 	"upstream.sasl.mechanism", "upstream.sasl.username", "upstream.sasl.password", "upstream.sasl.oauthbearer.token.file",
@@ -647,6 +653,7 @@ func parseConfig(k *koanf.Koanf, source string) (Config, error) {
 	c.Tracing = observe.TracingConfig{Enabled: boolean(observe.KeyTracingEnabled), Endpoint: str(observe.KeyTracingEndpoint)}
 	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: secret("upstream.sasl.username"), Password: secret("upstream.sasl.password"),
 		TokenFile: str("upstream.sasl.oauthbearer.token.file")}
+	c.ReloadAllowUnprotected = boolean("reload.allow.unprotected")
 	specs, err := interceptorSpecs(k.Get("interceptors"))
 	if err != nil {
 		errs = append(errs, err)

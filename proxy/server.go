@@ -163,7 +163,7 @@ func New(cfg Config) (*Server, error) {
 		version = liveHash(cfg)
 	}
 	s.rm = newReloadMetrics(s.m.reg)
-	s.installChain(&chainGen{chain: chain, gen: 1, version: version})
+	s.installChain(&chainGen{chain: chain, gen: 1, version: version, specs: cfg.Interceptors})
 	s.m.observe(s)
 	return s, nil
 }
