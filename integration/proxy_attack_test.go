@@ -294,6 +294,7 @@ upstream: %s
 listen: 127.0.0.1:0
 admin.listen: 127.0.0.1:0
 max.connections: 200
+max.connections.per.ip: 200
 proxy.memory.max.bytes: %d
 interceptor.batch.decompressed.max.bytes: %d
 interceptors:

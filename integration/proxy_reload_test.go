@@ -101,8 +101,8 @@ func TestProxyHotReload(t *testing.T) {
 		fmt.Fprintf(&b, "upstream: %s\nlisten: 127.0.0.1:0\nadmin.listen: 127.0.0.1:0\n%s", upstream, extra)
 		b.WriteString("interceptors:\n")
 		switch phase {
-		case 2: // none: records pass as produced
-			b.WriteString("  []\n")
+		case 2: // none: records pass as produced (removing redact must be said)
+			b.WriteString("  []\nreload.allow.unprotected: true\n")
 		case 3: // refused: the phase 2 chain stays
 			b.WriteString("  - name: no-such-interceptor\n")
 		default:

@@ -196,7 +196,7 @@ func TestStoreFile(t *testing.T) {
 	}
 }
 
-// TestHeaderContext: Inject writes traceparent once (replacing an old
+// TestHeaderContext: Inject writes traceparent once (replacing every old
 // one), Extract reads it back; without a span nothing is written.
 func TestHeaderContext(t *testing.T) {
 	tr := observe.NewTracer(sdktrace.NewTracerProvider(), "library")
@@ -214,6 +214,24 @@ func TestHeaderContext(t *testing.T) {
 	}
 	if sc := tr.Extract(hs); sc.SpanID() != span.SpanContext().SpanID() || !sc.IsRemote() {
 		t.Fatalf("extracted %v", sc)
+	}
+	// Three traceparent headers (a client's, repeated): every one is
+	// replaced, so no reader (Java's lastHeader takes the last) sees a
+	// stale parent.
+	hs = []kgo.RecordHeader{{Key: observe.HeaderTraceParent, Value: []byte("00-first")}, {Key: "a", Value: []byte("b")},
+		{Key: observe.HeaderTraceParent, Value: []byte("00-second")}, {Key: observe.HeaderTraceParent, Value: []byte("00-third")}}
+	tr.Inject(ctx, &hs)
+	n := 0
+	for _, h := range hs {
+		if h.Key == observe.HeaderTraceParent {
+			n++
+			if !strings.Contains(string(h.Value), span.SpanContext().SpanID().String()) {
+				t.Fatalf("a traceparent header kept %q", h.Value)
+			}
+		}
+	}
+	if n != 3 || len(hs) != 4 {
+		t.Fatalf("headers %q: want the 3 traceparent headers replaced in place", hs)
 	}
 	var off *observe.Tracer
 	if off.Enabled() || off.Extract(hs).IsValid() {

@@ -69,14 +69,20 @@ func (c headerCarrier) Get(key string) string {
 	return ""
 }
 
+// Set replaces the value of every header named key (Kafka headers may
+// repeat, and a reader may take any of them: Java's lastHeader takes the
+// last), else adds one.
 func (c headerCarrier) Set(key, value string) {
+	found := false
 	for i, h := range *c.hs {
 		if h.Key == key {
 			(*c.hs)[i].Value = []byte(value)
-			return
+			found = true
 		}
 	}
-	*c.hs = append(*c.hs, kgo.RecordHeader{Key: key, Value: []byte(value)})
+	if !found {
+		*c.hs = append(*c.hs, kgo.RecordHeader{Key: key, Value: []byte(value)})
+	}
 }
 
 func (c headerCarrier) Keys() []string {
@@ -88,7 +94,7 @@ func (c headerCarrier) Keys() []string {
 }
 
 // Inject writes ctx's span context into headers as traceparent (and
-// tracestate when set), replacing those headers if present. Nothing is
+// tracestate when set), replacing every header of those names present. Nothing is
 // written when ctx holds no valid span context.
 func (t *Tracer) Inject(ctx context.Context, headers *[]kgo.RecordHeader) {
 	if t == nil || !trace.SpanContextFromContext(ctx).IsValid() {

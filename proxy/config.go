@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
 
@@ -74,6 +75,17 @@ type Config struct {
 	// default 600000 as in Kafka; a partial frame does not count as
 	// activity). Negative: never.
 	IdleTimeout time.Duration
+	// FirstRequestTimeout closes a client connection that has not sent one
+	// whole request within that long of its accept, TLS handshake included
+	// (`connections.first.request.timeout.ms`, default 10000; -1: never).
+	// connections.max.idle.ms is for established clients: a socket that
+	// sends a few bytes of a header and stalls would otherwise hold its
+	// slot of max.connections for the whole idle timeout. Every client's
+	// first request (ApiVersions, or SASL) is a few dozen bytes sent at
+	// once; a first request held for an unreachable broker is the proxy's
+	// wait, not the client's, and is not cut short by it. The metric is
+	// ferry_proxy_errors_total{kind="first_request_timeout"}.
+	FirstRequestTimeout time.Duration
 	// ShutdownTimeout bounds the drain of in-flight requests on SIGTERM
 	// (`shutdown.timeout.ms`, default 30000).
 	ShutdownTimeout time.Duration
@@ -100,6 +112,12 @@ type Config struct {
 	// built-ins are large-message, validate-json, redact and encrypt
 	// (docs/INTERCEPTORS.md). Empty: every request passes opaque.
 	Interceptors []interceptor.Spec
+	// ReloadAllowUnprotected lets a reload remove or narrow an interceptor
+	// that protects data (encrypt, redact, validate-*) or empty the chain
+	// (`reload.allow.unprotected`, default false: such a reload is refused
+	// and the running chain kept, reload_guard.go). Read from the
+	// configuration being loaded, so it must be in the new file.
+	ReloadAllowUnprotected bool
 	// InterceptorTimeout is the time budget of one interceptor call
 	// (`produce.request.interceptor.timeout.ms`, default 5000); a call over
 	// it fails its partition (REQUEST_TIMED_OUT) instead of stalling.
@@ -109,10 +127,21 @@ type Config struct {
 	// (`topic.config.refresh.ms`, default 60000).
 	TopicConfigRefresh time.Duration
 	// MaxConnections bounds the client connections open at once
-	// (`max.connections`, default 1000); one more is closed at accept.
+	// (`max.connections`); one more is closed at accept. Default:
+	// DefaultMaxConnections, derived from the process's file-descriptor
+	// limit (RLIMIT_NOFILE): as many connections as the descriptors allow,
+	// each client connection holding two (its own and its upstream
+	// connection's), with a tenth kept for listeners, payload store files
+	// and the admin client. Kafka's broker has no cap by default
+	// (Int.MaxValue) and meets the same descriptor limit; a proxy in front
+	// of it must not turn away a fleet the broker would serve, and past
+	// the descriptor limit accept and upstream dials fail with EMFILE for
+	// everyone instead of one connection being refused cleanly.
 	MaxConnections int
 	// MaxConnectionsPerIP bounds the client connections from one address
-	// (`max.connections.per.ip`, default: MaxConnections).
+	// (`max.connections.per.ip`, Kafka's key; default: a quarter of
+	// max.connections, at least 1): one host can hold at most a quarter
+	// of the slots, whatever it opens.
 	MaxConnectionsPerIP int
 	// MaxInFlight bounds the requests of one client connection forwarded
 	// and not yet answered (`max.in.flight.requests.per.connection`,
@@ -189,11 +218,41 @@ func (c SASLConfig) mechanism() (sasl.Mechanism, error) {
 	return m, nil
 }
 
-// Defaults of the connection bounds.
-const (
-	DefaultMaxConnections = 1000
-	DefaultMaxInFlight    = 512
-)
+// DefaultMaxInFlight is max.in.flight.requests.per.connection's default.
+const DefaultMaxInFlight = 512
+
+// DefaultFirstRequestTimeout is connections.first.request.timeout.ms's
+// default.
+const DefaultFirstRequestTimeout = 10 * time.Second
+
+// maxConnectionsPerIPShare: max.connections.per.ip defaults to
+// max.connections / maxConnectionsPerIPShare.
+const maxConnectionsPerIPShare = 4
+
+// DefaultMaxConnections is max.connections' default for this process:
+// derived from the file-descriptor limit (RLIMIT_NOFILE, which Go raises
+// to the hard limit at start-up) as (limit - max(256, limit/10)) / 2: two
+// descriptors per client connection (its own and its upstream
+// connection's) and the rest kept for listeners, payload store files and
+// the proxy's admin client. At least 64; 1,000,000 when the limit is
+// unlimited or unknown to the platform.
+func DefaultMaxConnections() int {
+	return maxConnectionsForFDs(fileDescriptorLimit())
+}
+
+// maxConnectionsForFDs is DefaultMaxConnections for a descriptor limit
+// (0: unknown or unlimited).
+func maxConnectionsForFDs(limit uint64) int {
+	const ceiling = 1_000_000
+	if limit == 0 || limit >= 2*ceiling+ceiling/4 {
+		return ceiling
+	}
+	reserve := max(256, limit/10)
+	if limit <= reserve+128 {
+		return 64
+	}
+	return int((limit - reserve) / 2)
+}
 
 // DefaultShutdownTimeout bounds the drain on shutdown (shutdown.timeout.ms).
 const DefaultShutdownTimeout = 30 * time.Second
@@ -249,11 +308,14 @@ func (c *Config) setDefaults() {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 10 * time.Minute
 	}
+	if c.FirstRequestTimeout == 0 {
+		c.FirstRequestTimeout = DefaultFirstRequestTimeout
+	}
 	if c.MaxConnections == 0 {
-		c.MaxConnections = DefaultMaxConnections
+		c.MaxConnections = DefaultMaxConnections()
 	}
 	if c.MaxConnectionsPerIP == 0 {
-		c.MaxConnectionsPerIP = c.MaxConnections
+		c.MaxConnectionsPerIP = max(c.MaxConnections/maxConnectionsPerIPShare, 1)
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
@@ -395,18 +457,22 @@ func (t TLSConfig) clientConfig() (*tls.Config, error) {
 var configKeys = []string{
 	"upstream", "listen", "advertised.host", "broker.port.base", "socket.request.max.bytes",
 	"upstream.response.max.bytes", "dial.timeout.ms",
-	"upstream.connect.timeout.ms", "upstream.reconnect.backoff.ms", "upstream.reconnect.backoff.max.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "admin.listen",
+	"upstream.connect.timeout.ms", "upstream.reconnect.backoff.ms", "upstream.reconnect.backoff.max.ms", "shutdown.timeout.ms", "connections.max.idle.ms", "connections.first.request.timeout.ms", "admin.listen",
 	"admin.pprof.enabled",
 	"tls.client.enabled", "tls.client.cert", "tls.client.key", "tls.client.ca", "tls.client.client.auth",
 	"tls.upstream.enabled", "tls.upstream.cert", "tls.upstream.key", "tls.upstream.ca",
 	"tls.upstream.server.name", "tls.upstream.insecure.skip.verify",
 	"sni.bootstrap.host", "sni.broker.host.pattern", "sni.advertised.port",
-	"interceptors", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
+	"interceptors", "reload.allow.unprotected", "produce.request.interceptor.timeout.ms", "topic.config.refresh.ms",
 	"max.connections", "max.connections.per.ip", "max.in.flight.requests.per.connection", "proxy.memory.max.bytes",
 	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
 	"upstream.sasl.mechanism", "upstream.sasl.username", "upstream.sasl.password", "upstream.sasl.oauthbearer.token.file",
 	observe.KeyMetricsMaxTopics, observe.KeyTracingEnabled, observe.KeyTracingEndpoint,
 }
+
+// ConfigKeys are the keys of a proxy configuration (the YAML file's, and
+// ferry proxy's -X properties), flattened with ".".
+func ConfigKeys() []string { return slices.Clone(configKeys) }
 
 // LoadConfigFile reads a YAML config file with koanf. Keys may be nested
 // (tls: {client: {cert: ...}}) or dotted (socket.request.max.bytes: ...).
@@ -414,14 +480,63 @@ var configKeys = []string{
 // Errors: an unreadable or malformed file, an unknown key, a value of the
 // wrong type; each names the file and key.
 func LoadConfigFile(path string) (Config, error) {
-	var c Config
-	k := koanf.New(".")
-	if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
-		return c, fmt.Errorf("config file %s: %w", path, err)
+	return LoadConfig(path, nil)
+}
+
+// LoadConfig is LoadConfigFile of path ("": no file) with overrides set
+// over it: key=value properties of ConfigKeys (ferry proxy's -X), each
+// value a string checked as the file's value would be ("interceptors", a
+// list, cannot be given this way). Errors name the file or, for a value
+// of overrides, "-X" and the key.
+func LoadConfig(path string, overrides map[string]string) (Config, error) {
+	if len(overrides) > 0 {
+		// The properties alone first, so that an error names where the
+		// value came from.
+		only := koanf.New(".")
+		for key := range overrides {
+			if key == "interceptors" || !slices.Contains(configKeys, key) {
+				return Config{}, fmt.Errorf("-X %s: not a proxy configuration key", key)
+			}
+		}
+		m := make(map[string]any, len(overrides))
+		for key, v := range overrides {
+			m[key] = v
+		}
+		if err := only.Load(confmap.Provider(m, ""), nil); err != nil {
+			return Config{}, fmt.Errorf("-X: %w", err)
+		}
+		if _, err := parseConfig(only, "-X"); err != nil {
+			return Config{}, err
+		}
 	}
+	k := koanf.New(".")
+	source := "properties"
+	if path != "" {
+		source = "config file " + path
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", source, err)
+		}
+	}
+	if len(overrides) > 0 {
+		// Flattened, then set: the file may spell a key nested or dotted.
+		flat := k.All()
+		for key, v := range overrides {
+			flat[key] = v
+		}
+		k = koanf.New(".")
+		if err := k.Load(confmap.Provider(flat, ""), nil); err != nil { // keys kept as spelled
+			return Config{}, fmt.Errorf("%s and -X: %w", source, err)
+		}
+	}
+	return parseConfig(k, source)
+}
+
+// parseConfig reads a Config from k; errors are prefixed with source.
+func parseConfig(k *koanf.Koanf, source string) (Config, error) {
+	var c Config
 	for _, key := range k.Keys() {
 		if !slices.Contains(configKeys, key) {
-			return c, fmt.Errorf("config file %s: unknown key %q (known: %s)", path, key, strings.Join(configKeys, ", "))
+			return c, fmt.Errorf("%s: unknown key %q (known: %s)", source, key, strings.Join(configKeys, ", "))
 		}
 	}
 	var errs []error
@@ -505,6 +620,11 @@ func LoadConfigFile(path string) (Config, error) {
 	} else {
 		c.IdleTimeout = time.Duration(num("connections.max.idle.ms", 1<<31-1)) * time.Millisecond
 	}
+	if s := str("connections.first.request.timeout.ms"); s == "-1" {
+		c.FirstRequestTimeout = -1
+	} else {
+		c.FirstRequestTimeout = time.Duration(num("connections.first.request.timeout.ms", 1<<31-1)) * time.Millisecond
+	}
 	c.AdminListen = str("admin.listen")
 	c.Pprof = boolean("admin.pprof.enabled")
 	for _, side := range []struct {
@@ -533,13 +653,14 @@ func LoadConfigFile(path string) (Config, error) {
 	c.Tracing = observe.TracingConfig{Enabled: boolean(observe.KeyTracingEnabled), Endpoint: str(observe.KeyTracingEndpoint)}
 	c.UpstreamSASL = SASLConfig{Mechanism: str("upstream.sasl.mechanism"), Username: secret("upstream.sasl.username"), Password: secret("upstream.sasl.password"),
 		TokenFile: str("upstream.sasl.oauthbearer.token.file")}
+	c.ReloadAllowUnprotected = boolean("reload.allow.unprotected")
 	specs, err := interceptorSpecs(k.Get("interceptors"))
 	if err != nil {
 		errs = append(errs, err)
 	}
 	c.Interceptors = specs
 	if err := errors.Join(errs...); err != nil {
-		return c, fmt.Errorf("config file %s: %w", path, err)
+		return c, fmt.Errorf("%s: %w", source, err)
 	}
 	return c, nil
 }

@@ -98,6 +98,12 @@ type conn struct {
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
+	// firstDone: the client has sent a whole request (or one waits for the
+	// proxy); until then firstTimer closes the connection at
+	// connections.first.request.timeout.ms (limits.go).
+	firstDone  atomic.Bool
+	firstTimer *time.Timer
+
 	auth     saslState
 	sessions fetchSessions // the client's incremental fetch sessions (KIP-227)
 }
@@ -171,6 +177,8 @@ func (c *conn) serve() {
 	c.s.m.connsActive.Inc()
 	defer c.s.m.connsActive.Dec()
 	c.abortive(true)
+	c.startFirstRequestTimer()
+	defer c.firstRequestDone()
 
 	if tc, ok := c.client.(interface {
 		HandshakeContext(context.Context) error
@@ -210,6 +218,9 @@ func (c *conn) serve() {
 // upstream.connect.timeout.ms while the client's request waits (dialHeld);
 // then the client's connection is reset (resetUnanswered).
 func (c *conn) ensureUpstream() bool {
+	// A request larger than the read buffer, held while the broker is
+	// dialled: the wait is the proxy's, not the client's.
+	c.firstRequestDone()
 	select {
 	case <-c.upReady:
 		return c.upErr == nil
@@ -239,6 +250,16 @@ func (c *conn) ensureUpstream() bool {
 		case c.closed():
 		case errors.Is(err, errClientLeft):
 			c.log.Debug("client closed the connection while its request waited for the upstream broker")
+			c.close()
+		case errors.Is(err, errUnknownNode):
+			// A node id the cluster does not name (an SNI host of a
+			// broker that never existed, a listener left from a removed
+			// broker): one line every refusalLogEvery, not per connection.
+			c.s.m.errors.WithLabelValues("unknown_node").Inc()
+			if n, ok := c.s.unknownNodeLog.allow(refusalLogEvery); ok {
+				c.log.Warn("connection closed: the upstream cluster names no broker with this node id (logged at most every 10s)",
+					"err", err, "closed", n)
+			}
 			c.close()
 		default:
 			c.fail("upstream_dial", "cannot reach the upstream broker", err)
@@ -281,6 +302,9 @@ func (c *conn) readRequest() bool {
 	if perr != nil && len(head) < 4+int(size) {
 		c.readError(eofInFrame(perr)) // the client went away mid-frame
 		return false
+	}
+	if len(head) == 4+int(size) {
+		c.firstRequestDone() // the whole frame is here
 	}
 	h, err := ParseRequestHeader(head[4:])
 	if err != nil && !(errors.Is(err, ErrTruncatedHeader) && len(head) < 4+int(size)) {
@@ -332,6 +356,7 @@ func (c *conn) readRequest() bool {
 			c.forwardError(err)
 			return false
 		}
+		c.firstRequestDone()
 		c.active.Store(time.Now().UnixNano())
 		return true
 	}
@@ -354,6 +379,7 @@ func (c *conn) readRequest() bool {
 		c.readError(err)
 		return false
 	}
+	c.firstRequestDone()
 	ok := c.handleWhole(frame, g)
 	release()
 	c.s.collectLarge(int64(size))

@@ -34,6 +34,7 @@ type chainGen struct {
 	chain   *interceptor.Chain // nil: no interceptors configured
 	gen     uint64             // 1 for the chain New built, +1 per successful reload
 	version string             // Config.Version of the configuration it came from
+	specs   []interceptor.Spec // the interceptors it was built from (reload_guard.go)
 	refs    atomic.Int64
 	once    sync.Once
 }
@@ -94,7 +95,7 @@ func (s *Server) buildChain(ctx context.Context, cfg Config) (*interceptor.Chain
 // ReloadableKeys are the configuration keys a Reload applies to new
 // requests; every other key takes effect only when the proxy restarts.
 var ReloadableKeys = []string{
-	"interceptors", "produce.request.interceptor.timeout.ms",
+	"interceptors", "reload.allow.unprotected", "produce.request.interceptor.timeout.ms",
 	"interceptor.batch.decompressed.max.bytes", "interceptor.request.decompressed.max.bytes",
 }
 
@@ -112,6 +113,7 @@ var restartKeys = []struct {
 	{"upstream.response.max.bytes", func(c *Config) any { return c.MaxResponseBytes }},
 	{"dial.timeout.ms", func(c *Config) any { return c.DialTimeout }},
 	{"connections.max.idle.ms", func(c *Config) any { return c.IdleTimeout }},
+	{"connections.first.request.timeout.ms", func(c *Config) any { return c.FirstRequestTimeout }},
 	{"shutdown.timeout.ms", func(c *Config) any { return c.ShutdownTimeout }},
 	{"admin.listen", func(c *Config) any { return c.AdminListen }},
 	{"admin.pprof.enabled", func(c *Config) any { return c.Pprof }},
@@ -140,6 +142,7 @@ func restartOnly(running, next Config) []string {
 		a, b := running, next
 		for _, c := range []*Config{&a, &b} {
 			c.Interceptors, c.InterceptorTimeout, c.BatchDecompressedMax, c.RequestDecompressedMax = nil, 0, 0, 0
+			c.ReloadAllowUnprotected = false
 			c.Logger, c.Version = nil, ""
 		}
 		if !reflect.DeepEqual(a, b) {
@@ -168,6 +171,7 @@ type reloadMetrics struct {
 	lastSuccess prometheus.Gauge
 	generation  prometheus.Gauge
 	info        *prometheus.GaugeVec // version
+	unprotected prometheus.Counter   // reloads refused by checkProtection
 }
 
 func newReloadMetrics(reg *prometheus.Registry) *reloadMetrics {
@@ -184,6 +188,7 @@ func newReloadMetrics(reg *prometheus.Registry) *reloadMetrics {
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	reg.MustRegister(m.reloads, m.lastSuccess, m.generation, m.info)
+	m.unprotected = newUnprotectedCounter(reg)
 	return m
 }
 
@@ -283,12 +288,19 @@ func (s *Server) reload(ctx context.Context, trigger string, cfg Config) error {
 		return err
 	}
 	old := s.chain.Load()
+	if old != nil {
+		// After the build: a file that is wrong is reported as such first.
+		if err := s.checkProtection(old.specs, cfg); err != nil {
+			closeChain(chain)
+			return err
+		}
+	}
 	if old == nil {
 		// Shutdown retired the chain while this one was being built.
 		closeChain(chain)
 		return ErrReloadShutdown
 	}
-	g := &chainGen{chain: chain, gen: old.gen + 1, version: cfg.Version}
+	g := &chainGen{chain: chain, gen: old.gen + 1, version: cfg.Version, specs: cfg.Interceptors}
 	if !s.replaceChain(old, g) {
 		closeChain(chain) // only Shutdown swaps while reloadMu is held
 		return ErrReloadShutdown

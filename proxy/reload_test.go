@@ -159,7 +159,8 @@ func TestReloadRestartOnlyKeys(t *testing.T) {
 // interceptors at all passes requests opaque from then on.
 func TestReloadMetricsAndEmptyChain(t *testing.T) {
 	s := reloadServer(t, interceptor.Spec{Name: "redact", Config: map[string]string{"redact.fields": "a"}})
-	if err := s.Reload(context.Background(), Config{Upstream: []string{"127.0.0.1:1"}, Listen: "127.0.0.1:0", Version: "v2"}); err != nil {
+	if err := s.Reload(context.Background(), Config{Upstream: []string{"127.0.0.1:1"}, Listen: "127.0.0.1:0", Version: "v2",
+		ReloadAllowUnprotected: true}); err != nil {
 		t.Fatal(err)
 	}
 	g := s.acquireChain()

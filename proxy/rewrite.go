@@ -15,8 +15,8 @@ type AddressMapper func(nodeID int32, host string, port int32) (string, int32, e
 
 // rewriteKeys are the API keys whose responses carry broker endpoints.
 var rewriteKeys = map[int16]bool{
-	0:  true, // Produce: KIP-951 NodeEndpoints (v10+)
-	1:  true, // Fetch: KIP-951 NodeEndpoints (v16+)
+	0:  true, // Produce: KIP-951 NodeEndpoints (tag 0, any flexible version: v9+)
+	1:  true, // Fetch: KIP-951 NodeEndpoints (tag 0, any flexible version: v12+)
 	3:  true, // Metadata: brokers
 	10: true, // FindCoordinator: v0–v3 single, v4+ batched coordinators
 	32: true, // DescribeConfigs: listener configs of brokers (masked)
@@ -28,12 +28,19 @@ var rewriteKeys = map[int16]bool{
 
 // needsRewrite reports whether the response to key at version can carry
 // broker endpoints (so it must be decoded).
+//
+// KIP-951 gives Produce v10 and Fetch v16 the NodeEndpoints field, but it
+// is a tagged field (tag 0 of the response): any flexible version can carry
+// it, and kmsg decodes and encodes it at every flexible version (Produce v9,
+// Fetch v12). An upstream that sends it below the KIP's version (franz-go's
+// kfake does) reaches franz-go clients, which read it: so it is rewritten
+// from the first flexible version on.
 func needsRewrite(key, version int16) bool {
 	switch key {
-	case 0:
-		return version >= 10
-	case 1:
-		return version >= 16
+	case keyProduce:
+		return version >= produceFirstFlexible
+	case keyFetch:
+		return version >= fetchFirstFlexible
 	default:
 		return rewriteKeys[key]
 	}
@@ -60,6 +67,13 @@ func RewriteResponse(key, version int16, body []byte, m AddressMapper) (out []by
 	}
 	return resp.AppendTo(make([]byte, 0, len(body))), true, nil
 }
+
+// The first flexible versions of Produce and Fetch: from these on a
+// response can carry KIP-951 NodeEndpoints as tagged field 0.
+const (
+	produceFirstFlexible = 9
+	fetchFirstFlexible   = 12
+)
 
 // rewriteDecoded maps every broker endpoint of a decoded response through
 // m, in place (RewriteResponse); changed: resp must be encoded again.

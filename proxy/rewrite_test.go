@@ -81,6 +81,20 @@ func TestRewriteResponse(t *testing.T) {
 			r.Brokers = append(r.Brokers, b)
 			return r
 		}(), 16, func(r kmsg.Response) []int32 { return []int32{r.(*kmsg.FetchResponse).Brokers[0].Port} }},
+		{"Produce v9 NodeEndpoints (tagged, below KIP-951's v10)", func() kmsg.Response {
+			r := kmsg.NewPtrProduceResponse()
+			b := kmsg.NewProduceResponseBroker()
+			b.NodeID, b.Host, b.Port = 2, realHost, realPort
+			r.Brokers = append(r.Brokers, b)
+			return r
+		}(), 9, func(r kmsg.Response) []int32 { return []int32{r.(*kmsg.ProduceResponse).Brokers[0].Port} }},
+		{"Fetch v12 NodeEndpoints (tagged, below KIP-951's v16)", func() kmsg.Response {
+			r := kmsg.NewPtrFetchResponse()
+			b := kmsg.NewFetchResponseBroker()
+			b.NodeID, b.Host, b.Port = 2, realHost, realPort
+			r.Brokers = append(r.Brokers, b)
+			return r
+		}(), 12, func(r kmsg.Response) []int32 { return []int32{r.(*kmsg.FetchResponse).Brokers[0].Port} }},
 		{"ShareFetch v1 NodeEndpoints", func() kmsg.Response {
 			r := kmsg.NewPtrShareFetchResponse()
 			b := kmsg.NewShareFetchResponseNodeEndpoint()

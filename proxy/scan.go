@@ -181,7 +181,7 @@ func fetchShape(version int16, body []byte, flexible bool) (topics, partitions i
 	return topics, partitions, nil
 }
 
-// namesBrokers reports whether a Produce (v10+) or Fetch (v16+) response
+// namesBrokers reports whether a Produce (v9+) or Fetch (v12+) response
 // body carries KIP-951 NodeEndpoints (its top-level tagged field 0), the
 // only broker endpoints these responses have: a broker adds them when a
 // partition's leader moved (NOT_LEADER_OR_FOLLOWER with the new leader).
@@ -192,7 +192,7 @@ func fetchShape(version int16, body []byte, flexible bool) (topics, partitions i
 func namesBrokers(key, version int16, body []byte) (bool, error) {
 	s := scanner{b: kbin.Reader{Src: body}, flexible: true}
 	switch {
-	case key == keyProduce && version >= 10:
+	case key == keyProduce && version >= produceFirstFlexible:
 		topics := s.arrayLen()
 		for t := int64(0); t < topics && s.b.Ok(); t++ {
 			if version >= 13 {
@@ -219,7 +219,7 @@ func namesBrokers(key, version int16, body []byte) (bool, error) {
 			s.tags()
 		}
 		s.b.Int32() // throttle
-	case key == keyFetch && version >= 16:
+	case key == keyFetch && version >= fetchFirstFlexible:
 		s.fetchResponse(version, nil)
 	default:
 		return false, errShape

@@ -59,14 +59,14 @@ func TestShapeNegativeArrayLength(t *testing.T) {
 	}
 }
 
-// endpointResponses builds Produce (v10+) and Fetch (v16+) responses of
+// endpointResponses builds Produce (v9+) and Fetch (v12+) responses of
 // every version kmsg knows, with and without KIP-951 endpoints, with the
 // fields that vary in size filled (error records and messages, aborted
 // transactions, per-partition tags, records), seeded by r.
 func endpointResponses(r *rand.Rand) []kmsg.Response {
 	var out []kmsg.Response
 	str := func() string { return strings.Repeat("x", r.IntN(40)) }
-	for v := int16(10); v <= kmsg.NewPtrProduceResponse().MaxVersion(); v++ {
+	for v := int16(produceFirstFlexible); v <= kmsg.NewPtrProduceResponse().MaxVersion(); v++ {
 		for _, brokers := range []int{0, 1, 3} {
 			resp := kmsg.NewPtrProduceResponse()
 			resp.Version = v
@@ -102,7 +102,7 @@ func endpointResponses(r *rand.Rand) []kmsg.Response {
 			out = append(out, resp)
 		}
 	}
-	for v := int16(16); v <= kmsg.NewPtrFetchResponse().MaxVersion(); v++ {
+	for v := int16(fetchFirstFlexible); v <= kmsg.NewPtrFetchResponse().MaxVersion(); v++ {
 		for _, brokers := range []int{0, 1, 3} {
 			resp := kmsg.NewPtrFetchResponse()
 			resp.Version, resp.SessionID = v, r.Int32()

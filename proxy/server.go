@@ -69,8 +69,9 @@ type Server struct {
 	admin     *http.Server
 	adminLn   net.Listener
 	seedIndex atomic.Uint32
-	// refusalLogged: unix ns of the last warning about a refused connection.
-	refusalLogged atomic.Int64
+	// refusalLog, firstTimeoutLog, unknownNodeLog rate-limit the warnings
+	// about refused connections (limits.go).
+	refusalLog, firstTimeoutLog, unknownNodeLog logLimiter
 
 	// ic is the interceptors' admin client and caches (always made: a
 	// reload may add interceptors); chain is the current generation of the
@@ -162,7 +163,7 @@ func New(cfg Config) (*Server, error) {
 		version = liveHash(cfg)
 	}
 	s.rm = newReloadMetrics(s.m.reg)
-	s.installChain(&chainGen{chain: chain, gen: 1, version: version})
+	s.installChain(&chainGen{chain: chain, gen: 1, version: version, specs: cfg.Interceptors})
 	s.m.observe(s)
 	return s, nil
 }
@@ -470,11 +471,16 @@ func (s *Server) acceptLoop(ln net.Listener, nodeID int32) {
 		if len(s.conns) >= s.cfg.MaxConnections || s.perIP[ip] >= s.cfg.MaxConnectionsPerIP {
 			n, nip := len(s.conns), s.perIP[ip]
 			s.mu.Unlock()
-			s.m.errors.WithLabelValues("too_many_connections").Inc()
-			if s.shouldLogRefusal() {
-				s.log.Warn("connection refused: max.connections or max.connections.per.ip reached (logged once a minute)",
+			kind, limit := "too_many_connections", "max.connections"
+			if n < s.cfg.MaxConnections {
+				kind, limit = "too_many_connections_per_ip", "max.connections.per.ip"
+			}
+			s.m.errors.WithLabelValues(kind).Inc()
+			if refused, ok := s.refusalLog.allow(refusalLogEvery); ok {
+				s.log.Warn("connection refused: "+limit+" reached (logged at most every 10s)",
 					"client", c.RemoteAddr().String(), "connections", n, "from_address", nip,
-					"max.connections", s.cfg.MaxConnections, "max.connections.per.ip", s.cfg.MaxConnectionsPerIP)
+					"max.connections", s.cfg.MaxConnections, "max.connections.per.ip", s.cfg.MaxConnectionsPerIP,
+					"refused", refused)
 			}
 			c.Close()
 			continue
@@ -613,13 +619,6 @@ func remoteIP(c net.Conn) string {
 		return c.RemoteAddr().String()
 	}
 	return host
-}
-
-// shouldLogRefusal rate-limits the warning about refused connections.
-func (s *Server) shouldLogRefusal() bool {
-	now := time.Now().UnixNano()
-	last := s.refusalLogged.Load()
-	return now-last >= int64(time.Minute) && s.refusalLogged.CompareAndSwap(last, now)
 }
 
 // authRequired reports whether client connections must authenticate

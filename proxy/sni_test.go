@@ -214,10 +214,11 @@ func TestProxySNIRouting(t *testing.T) {
 	}
 	defer c.Close()
 	cert, key, pool := wildcardCert(t, "kafka.test")
+	logs := &logCounter{}
 	s, err := New(Config{Upstream: c.ListenAddrs()[:1], Listen: "127.0.0.1:0",
 		ClientTLS: TLSConfig{Enabled: true, Cert: cert, Key: key},
 		SNI:       SNIConfig{BootstrapHost: "bootstrap.kafka.test", BrokerHostPattern: "broker-$(nodeId).kafka.test"},
-		Logger:    slog.New(slog.DiscardHandler)})
+		Logger:    slog.New(logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,11 +341,36 @@ func TestProxySNIRouting(t *testing.T) {
 	}
 	// The connection is reset, not closed (upstream.go: resetUnanswered), so
 	// franz-go may dial broker-99 again before it gives up: at least once.
-	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(s.m.errors.WithLabelValues("upstream_dial")) < 1; {
+	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(s.m.errors.WithLabelValues("unknown_node")) < 1; {
 		if time.Now().After(deadline) {
-			t.Fatal(`ferry_proxy_errors_total{kind="upstream_dial"} stayed 0`)
+			t.Fatal(`ferry_proxy_errors_total{kind="unknown_node"} stayed 0`)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// More connections naming broker 99: each counted, and one warning
+	// line in all (rate-limited like the other refusals), not one each.
+	before := testutil.ToFloat64(s.m.errors.WithLabelValues("unknown_node"))
+	for range 20 {
+		conn, err := tls.Dial("tcp", s.Addr(), &tls.Config{ServerName: "broker-99.kafka.test", RootCAs: pool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = conn.Write(apiVersionsV0)
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := conn.Read(make([]byte, 1)); err == nil {
+			t.Fatal("a request to broker-99 was answered")
+		}
+		conn.Close()
+	}
+	one.Close() // franz-go may still be dialling broker-99 (counted too)
+	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(s.m.errors.WithLabelValues("unknown_node")) < before+20; {
+		if time.Now().After(deadline) {
+			t.Fatalf(`ferry_proxy_errors_total{kind="unknown_node"} = %v, want at least %v`, testutil.ToFloat64(s.m.errors.WithLabelValues("unknown_node")), before+20)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := logs.count(slog.LevelWarn, "names no broker with this node id"); n != 1 {
+		t.Fatalf("%d warnings for connections naming an unknown broker id, want 1 (rate-limited)", n)
 	}
 	if n := testutil.ToFloat64(s.m.connsTotal.WithLabelValues("broker")); n < 3 {
 		t.Fatalf("client_connections_total{listener=broker} = %v, want at least 3", n)

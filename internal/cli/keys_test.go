@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ferrykit/ferry/proxy"
 )
 
 // No property of Kafka's Java clients (nor a common librdkafka one) is
@@ -23,7 +25,8 @@ func TestKafkaKeysAreNotTypos(t *testing.T) {
 			continue
 		}
 		n++
-		for name, known := range map[string][]string{"produce/consume/gc": clientKeys(), "proxy interceptors": interceptorKeys()} {
+		for name, known := range map[string][]string{"produce/consume/gc": clientKeys(), "proxy interceptors": interceptorKeys(),
+			"proxy": proxy.ConfigKeys()} {
 			if slices.Contains(known, k) {
 				continue
 			}

@@ -171,16 +171,31 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 	upstream, listen, advertised, admin, pprofOn, portBase, maxRequest, interceptors, store :=
 		pf.upstream, pf.listen, pf.advertised, pf.admin, pf.pprof, pf.portBase, pf.maxRequest, pf.interceptors, pf.store
 	var cfg proxy.Config
-	if configFile != "" {
-		raw, err := os.ReadFile(configFile)
-		if err != nil {
-			return cfg, &usageError{err: fmt.Errorf("config file %s: %w", configFile, err)}
+	f := cmd.Flags()
+	// -X: the proxy's own keys override the file; the interceptors' keys
+	// configure those --interceptors names (proxyProperties).
+	p, err := a.props()
+	if err != nil {
+		return cfg, err
+	}
+	own, icProps, err := proxyProperties(p, f.Changed("interceptors"))
+	if err != nil {
+		return cfg, err
+	}
+	if configFile != "" || len(own) > 0 {
+		var raw []byte
+		if configFile != "" {
+			if raw, err = os.ReadFile(configFile); err != nil {
+				return cfg, &usageError{err: fmt.Errorf("config file %s: %w", configFile, err)}
+			}
 		}
-		c, err := proxy.LoadConfigFile(configFile)
+		c, err := proxy.LoadConfig(configFile, own)
 		if err != nil {
 			return cfg, &usageError{err: err}
 		}
-		c.Version = configVersion(raw)
+		if configFile != "" {
+			c.Version = configVersion(raw)
+		}
 		// The interceptors' store URLs, as strictly as --store.
 		for i, sp := range c.Interceptors {
 			raw, ok := sp.Config[largemessage.KeyStoreURL]
@@ -196,7 +211,6 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 		}
 		cfg = c
 	}
-	f := cmd.Flags()
 	if f.Changed("upstream") {
 		cfg.Upstream = proxy.SplitList(upstream)
 	}
@@ -236,14 +250,8 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 	if f.Changed("interceptors") {
 		// The simple case: built-ins by name, configured by -X
 		// properties (large.message.*, ...) and --store.
-		p, err := a.props()
-		if err != nil {
-			return cfg, err
-		}
+		p := icProps
 		if err := a.applyStoreURL(p, store); err != nil {
-			return cfg, err
-		}
-		if err := warnUnusedInterceptorKeys(p); err != nil {
 			return cfg, err
 		}
 		cfg.Interceptors = nil
@@ -256,20 +264,39 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 	return cfg, nil
 }
 
-// warnUnusedInterceptorKeys logs the properties no built-in interceptor
-// reads (as produce and consume do for properties they do not support): a
-// typo would otherwise pass unnoticed. A key that looks like a misspelling
-// of one they read (keys.go) is a usage error.
-func warnUnusedInterceptorKeys(p map[string]string) error {
-	known := interceptorKeys()
+// proxyProperties sorts ferry proxy's -X properties, each checked as the
+// other commands check theirs, with or without interceptors: own are the
+// proxy's configuration keys (proxy.ConfigKeys: max.connections, ...),
+// applied over the config file; ic are the built-in interceptors' keys
+// (large.message.*, redact.*, ...), which configure the interceptors that
+// --interceptors names. Errors (usage): a key that looks like a
+// misspelling of either kind (naming the nearest keys), "interceptors",
+// and an interceptor key without --interceptors (the config file's
+// interceptors take theirs from their config map: it would be ignored).
+// Any other key (a Kafka client setting the proxy has no use for) is
+// logged and ignored, as produce and consume do.
+func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[string]string, err error) {
+	proxyKeys := slices.DeleteFunc(proxy.ConfigKeys(), func(k string) bool { return k == "interceptors" })
+	icKeys := interceptorKeys()
+	own, ic = map[string]string{}, map[string]string{}
 	for _, k := range props.Keys(p) {
-		if slices.Contains(known, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level") {
-			continue
+		switch {
+		case k == "interceptors":
+			return nil, nil, usageErrorf("-X interceptors: name them with --interceptors, or list them in the --config file")
+		case slices.Contains(proxyKeys, k):
+			own[k] = p[k]
+		case slices.Contains(icKeys, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
+			if !interceptorsFlag {
+				return nil, nil, usageErrorf("-X %s configures the interceptors --interceptors names, and none is named: "+
+					"add --interceptors NAME, or set it in the config map of an interceptor of the --config file", k)
+			}
+			ic[k] = p[k]
+		default:
+			if err := misspelledKey(k, slices.Concat(proxyKeys, icKeys)); err != nil {
+				return nil, nil, err
+			}
+			slog.Warn("property not read by ferry proxy; ignored", "key", k)
 		}
-		if err := misspelledKey(k, known); err != nil {
-			return err
-		}
-		slog.Warn("property not read by the proxy's interceptors; ignored", "key", k)
 	}
-	return nil
+	return own, ic, nil
 }
