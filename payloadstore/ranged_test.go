@@ -124,4 +124,3 @@ func openWith(t *testing.T, raw string, o payloadstore.Options) payloadstore.Pay
 	t.Cleanup(func() { s.Close() })
 	return s
 }
-
