@@ -6,6 +6,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/ferrykit/ferry/internal/faultproxy"
 	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -66,7 +68,11 @@ func TestS3RangedDownloadRequests(t *testing.T) {
 	}
 	s := openWith(t, via, rangedOpts)
 	ops, _ := payloadstore.Objects(s)
-	missing := ops.Root().Path("orders/00/" + "does-not-exist")
+	key, err := payloadstore.ObjectKey("orders", uuid.NewString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := ops.Root().Path(key)
 	if _, err := payloadstore.DownloadBytes(ctx, s, missing); !errors.Is(err, payloadstore.ErrPayloadNotFound) || payloadstore.IsRetryable(err) {
 		t.Fatalf("ranged download of a missing object: %v, want ErrPayloadNotFound, not retryable", err)
 	}
