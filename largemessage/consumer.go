@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/ferrykit/ferry/observe"
+	"slices"
 
 	"github.com/ferrykit/ferry/serde"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -130,7 +131,10 @@ func (c *Consumer) PollRecords(ctx context.Context, max int) ([]Record, error) {
 		c.held = fs.Records()
 	}
 	n := takeWithin(c.held, max, c.pollMax, func(r *kgo.Record) int64 { return c.resolvedSize(ctx, r) })
-	recs := c.held[:n:n]
+	// The records returned are resolved in place: the held array must not
+	// keep them (and their payloads) reachable after the caller drops them.
+	recs := slices.Clone(c.held[:n])
+	clear(c.held[:n])
 	if c.held = c.held[n:]; len(c.held) == 0 {
 		c.held = nil
 	}
