@@ -107,6 +107,10 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 	if err != nil {
 		return Instance{}, err
 	}
+	if mem := memoryFrom(ctx); mem != nil {
+		// Ranged downloads take their buffers from the proxy's budget.
+		cfg.DownloadBudget = payloadstore.Budget{Take: mem.TryTake, Give: mem.Give}
+	}
 	store, err := cfg.OpenStore(ctx)
 	if err != nil {
 		return Instance{}, err

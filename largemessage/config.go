@@ -94,6 +94,9 @@ type Config struct {
 	// with one GET) shape the ranged downloads of the cloud stores: one
 	// download holds at most their product (64 MiB); 0 means the default.
 	DownloadPartBytes, DownloadConcurrency int
+	// DownloadBudget (no key) is charged for the ranged downloads' buffers
+	// (payloadstore.Options.DownloadBudget); the proxy sets it.
+	DownloadBudget payloadstore.Budget
 	// PollMaxBytes (large.message.consumer.poll.max.bytes, default
 	// DefaultPollMaxBytes, 50 MiB like fetch.max.bytes) bounds the resolved
 	// key and value bytes one Consumer.PollRecords returns.
@@ -326,7 +329,7 @@ func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.Payl
 	}
 	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly,
 		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency,
-		DownloadPartBytes: c.DownloadPartBytes, DownloadConcurrency: c.DownloadConcurrency})
+		DownloadPartBytes: c.DownloadPartBytes, DownloadConcurrency: c.DownloadConcurrency, DownloadBudget: c.DownloadBudget})
 	if err != nil {
 		return nil, err
 	}

@@ -94,6 +94,7 @@ type BlobStore struct {
 	// Downloads: range size and ranges in flight (download.go).
 	dlPart        int
 	dlConcurrency int
+	budget        Budget // download buffers are charged to it
 	// For S3 only: the client, bucket and key prefix, to abort multipart
 	// uploads that a failed or cancelled Publish could not abort itself.
 	s3       *s3.Client
@@ -190,7 +191,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		return fail(false, fmt.Errorf("%w: bucket (or container) %q does not exist", ErrInvalidConfig, bucketName))
 	}
 	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency,
-		dlPart: dlPart, dlConcurrency: dlConc, s3: s3c, s3Bucket: bucketName}
+		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, s3: s3c, s3Bucket: bucketName}
 	if prefix != "" {
 		st.s3Prefix = prefix + "/"
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"gocloud.dev/blob"
 )
@@ -51,6 +52,15 @@ func (s *BlobStore) download(ctx context.Context, key, full string) (io.ReadClos
 	return newRangedReader(ctx, s, key, full, r), nil
 }
 
+// Budget is a wider memory budget that a store's download buffers are
+// charged to (Options.DownloadBudget): Take takes n bytes without waiting
+// (false: no room now), Give returns them. The proxy passes its
+// proxy.memory.max.bytes budget.
+type Budget struct {
+	Take func(n int64) bool
+	Give func(n int64)
+}
+
 // rangedReader reads an object larger than one part as consecutive ranges
 // of s.dlPart bytes, fetched by up to s.dlConcurrency goroutines and handed
 // to Read in order. Each range in flight or waiting to be read holds one
@@ -62,6 +72,11 @@ func (s *BlobStore) download(ctx context.Context, key, full string) (io.ReadClos
 // Ferry writes are never rewritten with other bytes (gc's Touch copies an
 // object onto itself), and the size and SHA-256 the reader's caller checks
 // (largemessage.Deserializer) catch any mix.
+//
+// With a Budget (Options.DownloadBudget) each buffer is charged to it when
+// made, without waiting: when it has no room the download goes on with the
+// buffers it has, and one that has none reads the rest of the object as one
+// stream, as a download did before ranged reads; so the budget's bound holds.
 type rangedReader struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -73,6 +88,8 @@ type rangedReader struct {
 	slots  chan []byte     // free buffers; one token per part in flight
 	wg     sync.WaitGroup
 
+	charged atomic.Int64 // bytes of buffers charged to s.budget
+
 	cur *rangePart
 	pos int   // bytes of cur already read
 	off int64 // bytes handed to Read
@@ -80,10 +97,12 @@ type rangedReader struct {
 }
 
 // rangePart is one range of the object; done closes when buf holds it or
-// err is set.
+// err is set. A part with rc set is instead the rest of the object as one
+// stream (no buffer: the budget had no room).
 type rangePart struct {
 	off  int64
 	buf  []byte
+	rc   io.ReadCloser
 	done chan struct{}
 	err  error
 }
@@ -110,7 +129,7 @@ func (rr *rangedReader) schedule(first *blob.Reader) {
 		}
 	}()
 	part := int64(rr.s.dlPart)
-	for off := int64(0); off < rr.size; off += part {
+	for off := int64(0); off < rr.size; {
 		var buf []byte
 		select {
 		case buf = <-rr.slots:
@@ -119,6 +138,14 @@ func (rr *rangedReader) schedule(first *blob.Reader) {
 		}
 		n := min(part, rr.size-off)
 		if int64(cap(buf)) < n {
+			if !rr.charge(n) {
+				if rr.charged.Load() > 0 {
+					continue // one buffer fewer in flight; wait for the next
+				}
+				rr.streamRest(off, first)
+				first = nil
+				return
+			}
 			buf = make([]byte, n)
 		}
 		p := &rangePart{off: off, buf: buf[:n], done: make(chan struct{})}
@@ -126,7 +153,35 @@ func (rr *rangedReader) schedule(first *blob.Reader) {
 		go rr.fetch(p, first)
 		first = nil
 		rr.parts <- p // never blocks: a part in the queue holds a slot
+		off += part
 	}
+}
+
+// charge charges a new buffer of n bytes to the store's budget, if any.
+func (rr *rangedReader) charge(n int64) bool {
+	if b := rr.s.budget; b.Take != nil {
+		if !b.Take(n) {
+			return false
+		}
+		rr.charged.Add(n)
+	}
+	return true
+}
+
+// streamRest queues the rest of the object, from off, as one stream.
+func (rr *rangedReader) streamRest(off int64, first *blob.Reader) {
+	p := &rangePart{off: off, done: make(chan struct{})}
+	if first != nil && off == 0 {
+		first.Close() // it covers one range only
+	}
+	r, err := rr.s.bucket.NewRangeReader(rr.ctx, rr.key, off, -1, nil)
+	if err != nil {
+		p.err = rr.s.fail("download", rr.full, err)
+	} else {
+		p.rc = &resumingReader{ctx: rr.ctx, s: rr.s, key: rr.key, full: rr.full, r: r, size: rr.size, off: off}
+	}
+	close(p.done)
+	rr.parts <- p
 }
 
 // fetch fills p.buf with its range, from r (the first range's open reader)
@@ -174,6 +229,21 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 	if rr.err != nil {
 		return 0, rr.err
 	}
+	if rr.cur != nil && rr.cur.rc != nil {
+		n, err := rr.cur.rc.Read(b)
+		rr.off += int64(n)
+		if err != nil {
+			rr.err = err
+			if err == io.EOF && rr.off < rr.size {
+				rr.err = &Error{Op: "download", Path: rr.full, Retryable: true,
+					Err: fmt.Errorf("the object ended at byte %d, before the %d bytes it had when the download began (rewritten meanwhile?)", rr.off, rr.size)}
+			}
+			if n > 0 {
+				return n, nil
+			}
+		}
+		return n, rr.err
+	}
 	for rr.cur == nil || rr.pos == len(rr.cur.buf) {
 		if rr.cur != nil {
 			rr.slots <- rr.cur.buf // never blocks: tokens are conserved
@@ -198,6 +268,9 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 			return 0, rr.err
 		}
 		rr.cur, rr.pos = p, 0
+		if p.rc != nil {
+			return rr.Read(b)
+		}
 	}
 	n := copy(b, rr.cur.buf[rr.pos:])
 	rr.pos += n
@@ -209,6 +282,17 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 func (rr *rangedReader) Close() error {
 	rr.cancel()
 	rr.wg.Wait()
+	if rr.cur != nil && rr.cur.rc != nil {
+		rr.cur.rc.Close()
+	}
+	for p := range rr.parts { // a stream part not yet reached
+		if p.rc != nil {
+			p.rc.Close()
+		}
+	}
+	if n := rr.charged.Swap(0); n > 0 {
+		rr.s.budget.Give(n)
+	}
 	if rr.err == nil {
 		rr.err = errors.New("payloadstore: read after Close")
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -75,5 +76,48 @@ func TestRangedDownloadCloseEarly(t *testing.T) {
 	rc.Close()
 	if n, err := rc.Read(make([]byte, 10)); n != 0 || err == nil {
 		t.Fatalf("Read after Close: %d, %v; want an error", n, err)
+	}
+}
+
+// With a budget, a ranged download charges its buffers to it and gives
+// them back at Close: with room for two buffers it runs with two; with no
+// room it reads the object as one stream; the bytes are the same.
+func TestRangedDownloadBudget(t *testing.T) {
+	ctx := context.Background()
+	b := memblob.OpenBucket(nil)
+	defer b.Close()
+	const part = minDownloadPartBytes
+	data := make([]byte, 7*part+5)
+	rand.Read(data)
+	if err := b.WriteAll(ctx, "k", data, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, room := range []int64{2 * part, part / 2, 0} {
+		var left, peakUsed atomic.Int64
+		left.Store(room)
+		budget := Budget{
+			Take: func(n int64) bool {
+				if left.Add(-n) < 0 {
+					left.Add(n)
+					return false
+				}
+				peakUsed.Store(max(peakUsed.Load(), room-left.Load()))
+				return true
+			},
+			Give: func(n int64) { left.Add(n) },
+		}
+		s := &BlobStore{bucket: b, root: "mem://x", dlPart: part, dlConcurrency: 4, budget: budget}
+		rc, err := s.download(ctx, "k", "mem://x/k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(rc)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("room %d: read %d bytes (%v), want the %d written", room, len(got), err, len(data))
+		}
+		rc.Close()
+		if left.Load() != room || peakUsed.Load() > room {
+			t.Fatalf("room %d: %d left after Close, peak use %d", room, left.Load(), peakUsed.Load())
+		}
 	}
 }

@@ -40,6 +40,11 @@ type Options struct {
 	// (64 MiB by default). Config key
 	// large.message.payload.store.download.concurrency.
 	DownloadConcurrency int
+	// DownloadBudget, when its Take is set, is charged for every buffer of
+	// a ranged download, without waiting: with no room a download goes on
+	// with fewer ranges in flight, or as one stream (no buffer). The proxy
+	// passes proxy.memory.max.bytes, so that its memory bound holds.
+	DownloadBudget Budget
 }
 
 // Opener opens a store for a parsed URL. It should check that the store is
