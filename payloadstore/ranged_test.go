@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/url"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 
 	"github.com/ferrykit/ferry/internal/faultproxy"
+	"github.com/ferrykit/ferry/internal/shaper"
 	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/payloadstore"
 )
@@ -129,4 +133,40 @@ func openWith(t *testing.T, raw string, o payloadstore.Options) payloadstore.Pay
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// The ranged GETs of downloads reuse the client's connections: through
+// internal/shaper (which counts the connections it accepts) two downloads of
+// five ranges each, two in flight, open no more connections than are in
+// flight at once (plus the start-up check's). The S3 server must keep
+// connections open (versitygw --keep-alive, scripts/object-stores).
+func TestS3RangedDownloadReusesConnections(t *testing.T) {
+	ctx := context.Background()
+	direct := s3URL(t, "ferry-conformance")
+	sh, err := shaper.Start(shaper.Config{Upstream: strings.TrimPrefix(os.Getenv("FERRY_S3_ENDPOINT"), "http://"), BytesPerSecond: -1, Latency: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	u, _ := url.Parse(direct)
+	q := u.Query()
+	q.Set("endpoint", "http://"+sh.Addr())
+	u.RawQuery = q.Encode()
+	o := rangedOpts
+	o.DownloadConcurrency = 2
+	data := randPayload(t, 5<<20)
+	resp, err := payloadstore.PublishBytes(ctx, openWith(t, direct, o), "orders", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openWith(t, u.String(), o)
+	for range 2 {
+		got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("download: %d bytes, %v", len(got), err)
+		}
+	}
+	if n := sh.Accepted(); n > 4 {
+		t.Fatalf("10 ranged GETs, 2 in flight, opened %d connections, want at most 4 (reused; does the S3 server send Connection: close?)", n)
+	}
 }
