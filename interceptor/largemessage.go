@@ -122,7 +122,7 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 		o := payloadstore.CacheOptions{MaxBytes: cacheMax}
 		mem := memoryFrom(ctx)
 		if mem != nil {
-			o.Take, o.Give = mem.TryTake, mem.Give
+			o.Take, o.Give = mem.takeReclaimable, mem.giveReclaimable
 		}
 		cached := payloadstore.Cached(store, o).(*payloadstore.CachedStore)
 		store, closeStore = cached, cached.Close

@@ -60,10 +60,39 @@ type Memory struct {
 	inUse atomic.Int64
 
 	// reclaimers give back bytes held only to save work (payload caches)
-	// when a charge finds no room.
-	reclaimMu  sync.Mutex
-	reclaimers map[*func(int64) int64]struct{}
+	// when a charge finds no room; reclaimable counts those bytes, which
+	// InUse leaves out.
+	reclaimMu   sync.Mutex
+	reclaimers  map[*func(int64) int64]struct{}
+	reclaimable atomic.Int64
 }
+
+// takeReclaimable is TryTake for bytes a reclaimer holds (a cache entry):
+// counted in the budget, not in InUse.
+func (m *Memory) takeReclaimable(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if !m.sem.TryAcquire(n) {
+		return false
+	}
+	m.reclaimable.Add(n)
+	return true
+}
+
+// giveReclaimable returns n bytes takeReclaimable took.
+func (m *Memory) giveReclaimable(n int64) {
+	if n <= 0 {
+		return
+	}
+	m.reclaimable.Add(-n)
+	m.sem.Release(n)
+}
+
+// Reclaimable returns the bytes of the budget that caches hold now (payloads
+// kept by large-message; large.message.payload.cache.max.bytes), which a
+// charge that finds no room takes back first. InUse leaves them out.
+func (m *Memory) Reclaimable() int64 { return m.reclaimable.Load() }
 
 // addReclaimer registers fn, which frees up to n bytes it holds in m and
 // returns how many it freed; a charge that finds no room calls it before it
@@ -160,7 +189,8 @@ func (m *Memory) Give(n int64) {
 	l.give(n)
 }
 
-// InUse returns the bytes charged now (for metrics and tests).
+// InUse returns the bytes charged now by work in progress (for metrics and
+// tests); the bytes caches hold are not counted (Reclaimable).
 func (m *Memory) InUse() int64 { return m.inUse.Load() }
 
 // Limit returns the budget's size in bytes.
