@@ -155,7 +155,7 @@ func (m *Memory) TakeUnqueued(ctx context.Context, n int64) error {
 		return fmt.Errorf("%w: %d bytes needed at once, the budget is %d", ErrMemoryBusy, n, m.limit)
 	}
 	wait := time.Millisecond
-	if !m.TryTake(n) && m.reclaim(n) && m.TryTake(n) {
+	if m.TryTake(n) || m.reclaim(n) && m.TryTake(n) {
 		return nil
 	}
 	for !m.TryTake(n) {

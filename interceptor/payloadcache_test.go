@@ -66,4 +66,8 @@ func TestPayloadCacheYieldsToCharges(t *testing.T) {
 		t.Fatalf("taking the whole budget with payloads cached: %v, reclaimable %d", err, mem.Reclaimable())
 	}
 	mem.Give(10 << 20)
+	if err := mem.TakeUnqueued(ctx, 1<<20); err != nil || mem.InUse() != 1<<20 {
+		t.Fatalf("an unqueued take of 1 MiB with room: %v, %d in use", err, mem.InUse())
+	}
+	mem.Give(1 << 20)
 }
