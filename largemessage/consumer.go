@@ -116,8 +116,8 @@ type Record struct {
 // with cl.MarkCommitRecords on the records PollRecords returned, or
 // kgo.DisableAutoCommit with cl.CommitRecords. Held records of a partition
 // revoked by a rebalance are still returned by the next poll (the new owner
-// reads them too: at-least-once); committing them is refused by the group
-// coordinator, as for any revoked partition.
+// reads them too: at-least-once); franz-go keeps no offsets of a partition
+// the member no longer owns, so marking them commits nothing.
 //
 // The error is the fetch's: the first non-retryable fetch error, or ctx's
 // error; a record's own resolution error is in its Record.Err.
