@@ -271,7 +271,7 @@ func benchEnvInt(b *testing.B, name string, def int) int {
 }
 
 // resetPeakRSS resets the process's VmHWM (Linux: "5" to clear_refs).
-func resetPeakRSS(b *testing.B) {
+func resetPeakRSS(b testing.TB) {
 	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
 		b.Logf("cannot reset the peak RSS: %v", err)
 	}

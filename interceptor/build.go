@@ -35,7 +35,10 @@ func ParseTimeout(config map[string]string) (time.Duration, error) {
 // Build builds the interceptors of specs, in order, into a chain. On error
 // the instances already built are closed. Close the chain when done.
 func Build(ctx context.Context, specs []Spec, o Options) (*Chain, error) {
-	ctx = context.WithValue(ctx, observeKey{}, observed{o.Metrics, o.Tracer})
+	if o.Memory == nil {
+		o.Memory = NewMemory(DefaultMemoryMax)
+	}
+	ctx = context.WithValue(ctx, observeKey{}, observed{o.Metrics, o.Tracer, o.Memory})
 	var ins []Instance
 	for i, s := range specs {
 		in, err := New(ctx, s.Name, s.Config)
@@ -80,13 +83,20 @@ func closeAll(ins []Instance) error {
 	return errors.Join(errs...)
 }
 
-// observeKey carries Options.Metrics and Options.Tracer to the built-in
-// factories Build calls.
+// observeKey carries Options.Metrics, Options.Tracer and Options.Memory to
+// the built-in factories Build calls.
 type observeKey struct{}
 
 type observed struct {
-	m  *observe.Metrics
-	tr *observe.Tracer
+	m   *observe.Metrics
+	tr  *observe.Tracer
+	mem *Memory
+}
+
+// memoryFrom returns the memory budget Build was given (nil outside Build).
+func memoryFrom(ctx context.Context) *Memory {
+	o, _ := ctx.Value(observeKey{}).(observed)
+	return o.mem
 }
 
 // observedFrom returns the metrics and tracer Build was given (nil, nil

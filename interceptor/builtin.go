@@ -15,7 +15,7 @@ const KeySide = "side"
 // largemessage.ParseConfig).
 func Keys() []string {
 	return append([]string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
-		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile}, encryptKeys...)
+		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile, KeyPayloadCacheMax}, encryptKeys...)
 }
 
 // named is the common part of the built-ins.

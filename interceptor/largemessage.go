@@ -7,6 +7,8 @@ import (
 	"github.com/ferrykit/ferry/observe"
 	"go.opentelemetry.io/otel/trace"
 	"regexp"
+	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/ferrykit/ferry/largemessage"
@@ -40,8 +42,21 @@ type LargeMessage struct {
 	sers      map[string]*largemessage.Serializer
 	de        *largemessage.Deserializer
 	store     payloadstore.PayloadStore
-	tr        *observe.Tracer // nil: not traced
+	tr        *observe.Tracer  // nil: not traced
+	m         *observe.Metrics // nil: not counted
 }
+
+// KeyPayloadCacheMax bounds the bytes of the payloads the fetch side keeps
+// in memory to serve again without a download (payloadstore.Cached): a
+// consumer that retries a fetch, or several consumer groups reading the same
+// records, cost one download per payload. The cache takes its bytes from
+// proxy.memory.max.bytes, only while they are free: a record that needs
+// room drops cached payloads first. 0 turns it off. A payload larger than
+// the bound is never cached.
+const KeyPayloadCacheMax = "large.message.payload.cache.max.bytes"
+
+// DefaultPayloadCacheMax is KeyPayloadCacheMax's default: 128 MiB.
+const DefaultPayloadCacheMax = 128 << 20
 
 // WithTracer traces the records l offloads ("send <topic>", kind producer,
 // parent: the record's own traceparent when a client set one; the
@@ -88,14 +103,37 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 	if err != nil {
 		return Instance{}, err
 	}
+	cacheMax, err := parseCacheMax(config, memoryFrom(ctx))
+	if err != nil {
+		return Instance{}, err
+	}
+	if mem := memoryFrom(ctx); mem != nil {
+		// Ranged downloads take their buffers from the proxy's budget.
+		cfg.DownloadBudget = payloadstore.Budget{Take: mem.TryTake, Give: mem.Give}
+	}
 	store, err := cfg.OpenStore(ctx)
 	if err != nil {
 		return Instance{}, err
 	}
 	m, tr := observedFrom(ctx)
 	store = observe.Store(store, m, tr)
+	closeStore := store.Close
+	if cacheMax > 0 {
+		o := payloadstore.CacheOptions{MaxBytes: cacheMax}
+		mem := memoryFrom(ctx)
+		if mem != nil {
+			o.Take, o.Give = mem.takeReclaimable, mem.giveReclaimable
+		}
+		cached := payloadstore.Cached(store, o).(*payloadstore.CachedStore)
+		store, closeStore = cached, cached.Close
+		if mem != nil {
+			remove := mem.addReclaimer(cached.Reclaim)
+			closeStore = func() error { remove(); return cached.Close() }
+		}
+	}
 	l := NewLargeMessage(store, cfg, re).WithTracer(tr)
-	in := Instance{Close: store.Close}
+	l.m = m
+	in := Instance{Close: closeStore}
 	if p {
 		in.Produce = l
 	}
@@ -103,6 +141,27 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 		in.Fetch = fetchSide{l}
 	}
 	return in, nil
+}
+
+// parseCacheMax reads KeyPayloadCacheMax (default DefaultPayloadCacheMax,
+// at most the memory budget mem's size, when known).
+func parseCacheMax(config map[string]string, mem *Memory) (int64, error) {
+	v, ok := config[KeyPayloadCacheMax]
+	if !ok || strings.TrimSpace(v) == "" {
+		n := int64(DefaultPayloadCacheMax)
+		if mem != nil {
+			n = min(n, mem.Limit()/2)
+		}
+		return n, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s: %q is not a non-negative number of bytes", KeyPayloadCacheMax, v)
+	}
+	if mem != nil && n > mem.Limit() {
+		return 0, fmt.Errorf("%s is %d: it must be at most %s (%d), from which the cache takes its bytes", KeyPayloadCacheMax, n, KeyMemoryMax, mem.Limit())
+	}
+	return n, nil
 }
 
 func (l *LargeMessage) Name() string                 { return "large-message" }
@@ -295,6 +354,9 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) (err error) {
 	var re *largemessage.RecordError
 	if err != nil && !(errors.As(err, &re) && re.Skipped) {
 		return err
+	}
+	if err == nil {
+		f.l.m.Delivered(r.Topic, int64(len(kr.Key)+len(kr.Value)))
 	}
 	r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
 	return nil

@@ -58,6 +58,76 @@ type Memory struct {
 	sem   *semaphore.Weighted
 	limit int64
 	inUse atomic.Int64
+
+	// reclaimers give back bytes held only to save work (payload caches)
+	// when a charge finds no room; reclaimable counts those bytes, which
+	// InUse leaves out.
+	reclaimMu   sync.Mutex
+	reclaimers  map[*func(int64) int64]struct{}
+	reclaimable atomic.Int64
+}
+
+// takeReclaimable is TryTake for bytes a reclaimer holds (a cache entry):
+// counted in the budget, not in InUse.
+func (m *Memory) takeReclaimable(n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if !m.sem.TryAcquire(n) {
+		return false
+	}
+	m.reclaimable.Add(n)
+	return true
+}
+
+// giveReclaimable returns n bytes takeReclaimable took.
+func (m *Memory) giveReclaimable(n int64) {
+	if n <= 0 {
+		return
+	}
+	m.reclaimable.Add(-n)
+	m.sem.Release(n)
+}
+
+// Reclaimable returns the bytes of the budget that caches hold now (payloads
+// kept by large-message; large.message.payload.cache.max.bytes), which a
+// charge that finds no room takes back first. InUse leaves them out.
+func (m *Memory) Reclaimable() int64 { return m.reclaimable.Load() }
+
+// addReclaimer registers fn, which frees up to n bytes it holds in m and
+// returns how many it freed; a charge that finds no room calls it before it
+// waits. The returned function unregisters it.
+func (m *Memory) addReclaimer(fn func(n int64) int64) (remove func()) {
+	m.reclaimMu.Lock()
+	defer m.reclaimMu.Unlock()
+	if m.reclaimers == nil {
+		m.reclaimers = map[*func(int64) int64]struct{}{}
+	}
+	p := &fn
+	m.reclaimers[p] = struct{}{}
+	return func() {
+		m.reclaimMu.Lock()
+		defer m.reclaimMu.Unlock()
+		delete(m.reclaimers, p)
+	}
+}
+
+// reclaim asks the reclaimers for n bytes; false when there are none.
+func (m *Memory) reclaim(n int64) bool {
+	m.reclaimMu.Lock()
+	fns := make([]func(int64) int64, 0, len(m.reclaimers))
+	for p := range m.reclaimers {
+		fns = append(fns, *p)
+	}
+	m.reclaimMu.Unlock()
+	var freed int64
+	for _, fn := range fns {
+		if freed >= n {
+			break
+		}
+		freed += fn(n - freed)
+	}
+	return freed > 0
 }
 
 // NewMemory returns a budget of limit bytes (<= 0: DefaultMemoryMax).
@@ -85,6 +155,9 @@ func (m *Memory) TakeUnqueued(ctx context.Context, n int64) error {
 		return fmt.Errorf("%w: %d bytes needed at once, the budget is %d", ErrMemoryBusy, n, m.limit)
 	}
 	wait := time.Millisecond
+	if m.TryTake(n) || m.reclaim(n) && m.TryTake(n) {
+		return nil
+	}
 	for !m.TryTake(n) {
 		t := time.NewTimer(wait)
 		select {
@@ -116,7 +189,8 @@ func (m *Memory) Give(n int64) {
 	l.give(n)
 }
 
-// InUse returns the bytes charged now (for metrics and tests).
+// InUse returns the bytes charged now by work in progress (for metrics and
+// tests); the bytes caches hold are not counted (Reclaimable).
 func (m *Memory) InUse() int64 { return m.inUse.Load() }
 
 // Limit returns the budget's size in bytes.
@@ -153,7 +227,7 @@ func (l *ledger) charge(ctx context.Context, n int64) error {
 	// Room now, and no one queued before: taken without a timer (a
 	// per-record Reserve must not cost a context and a timer each), as
 	// Acquire would take it.
-	if ctx.Err() == nil && l.mem.sem.TryAcquire(n) {
+	if ctx.Err() == nil && (l.mem.sem.TryAcquire(n) || l.mem.reclaim(n) && l.mem.sem.TryAcquire(n)) {
 		l.mem.inUse.Add(n)
 		l.held += n
 		return nil

@@ -27,6 +27,13 @@ const (
 	KeySkipNotFound      = "large.message.skip.not.found.error"
 	KeyPartSize          = "large.message.payload.store.part.size.bytes"
 	KeyUploadConcurrency = "large.message.payload.store.upload.concurrency"
+	// Downloads from the cloud stores: the size of each ranged GET and how
+	// many are in flight (payloadstore.Options.DownloadPartBytes).
+	KeyDownloadPartBytes   = "large.message.payload.store.download.part.bytes"
+	KeyDownloadConcurrency = "large.message.payload.store.download.concurrency"
+	// KeyPollMaxBytes bounds the resolved bytes one Consumer.PollRecords
+	// returns (Consumer.WithPollMaxBytes).
+	KeyPollMaxBytes = "large.message.consumer.poll.max.bytes"
 	// KeyReferenceCopyTopics: a produced record may carry a reference into
 	// the topics this pattern matches (a regular expression matching whole
 	// topic names); Ferry copies the object into the record's own topic.
@@ -59,7 +66,8 @@ func Keys() []string {
 	return []string{KeyCustomMetadataMax, KeyIDGenerator, KeyPartSize, KeyRetryBackoff, KeyRetryCount,
 		KeyRetryMaxBackoff, KeyStoreTimeout, KeyUploadConcurrency, KeyStoreURL, KeySkipNotFound, KeyThreshold,
 		KeyReferenceCopyTopics, KeyReferenceResolveTopics, KeyEncryptionKeyURL, KeyEncryptionDecryptKeyURLs,
-		KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionAllowPlaintext, KeyEncryptionCacheMax}
+		KeyEncryptionDataKeyMaxAge, KeyEncryptionDataKeyMaxUses, KeyEncryptionAllowPlaintext, KeyEncryptionCacheMax,
+		KeyDownloadPartBytes, KeyDownloadConcurrency, KeyPollMaxBytes}
 }
 
 // Config is the large-message Serializer/Deserializer configuration.
@@ -80,6 +88,19 @@ type Config struct {
 	// (large.message.payload.store.upload.concurrency, default 4) shape the
 	// multipart uploads of the cloud stores; 0 means the default.
 	PartSizeBytes, UploadConcurrency int
+	// DownloadPartBytes (large.message.payload.store.download.part.bytes,
+	// default 8 MiB, at least 256 KiB) and DownloadConcurrency
+	// (large.message.payload.store.download.concurrency, default 8; 1 reads
+	// with one GET) shape the ranged downloads of the cloud stores: one
+	// download holds at most their product (64 MiB); 0 means the default.
+	DownloadPartBytes, DownloadConcurrency int
+	// DownloadBudget (no key) is charged for the ranged downloads' buffers
+	// (payloadstore.Options.DownloadBudget); the proxy sets it.
+	DownloadBudget payloadstore.Budget
+	// PollMaxBytes (large.message.consumer.poll.max.bytes, default
+	// DefaultPollMaxBytes, 50 MiB like fetch.max.bytes) bounds the resolved
+	// key and value bytes one Consumer.PollRecords returns.
+	PollMaxBytes int64
 	// SkipNotFound is large.message.skip.not.found.error: a record whose
 	// payload is missing is returned with a nil value and its error recorded
 	// instead of failing the fetch.
@@ -146,6 +167,7 @@ func DefaultConfig() Config {
 		Policy:          payloadstore.DefaultPolicy,
 		MaxBlock:        defaultMaxBlock,
 		MaxPollInterval: defaultMaxPollInterval,
+		PollMaxBytes:    DefaultPollMaxBytes,
 	}
 }
 
@@ -201,6 +223,14 @@ func ParseConfig(props map[string]string) (Config, error) {
 	intKey(KeyPartSize, &partSize)
 	intKey(KeyUploadConcurrency, &conc)
 	c.PartSizeBytes, c.UploadConcurrency = int(partSize), int(conc)
+	dlPart, dlConc := int64(0), int64(0)
+	intKey(KeyDownloadPartBytes, &dlPart)
+	intKey(KeyDownloadConcurrency, &dlConc)
+	c.DownloadPartBytes, c.DownloadConcurrency = int(dlPart), int(dlConc)
+	intKey(KeyPollMaxBytes, &c.PollMaxBytes)
+	if err == nil && c.PollMaxBytes == 0 {
+		err = fmt.Errorf("%s: must be at least 1", KeyPollMaxBytes)
+	}
 	if err != nil {
 		return c, err
 	}
@@ -298,7 +328,8 @@ func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.Payl
 		return nil, fmt.Errorf("%s is not set: name a payload store, e.g. file:///var/ferry", KeyStoreURL)
 	}
 	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly,
-		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency})
+		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency,
+		DownloadPartBytes: c.DownloadPartBytes, DownloadConcurrency: c.DownloadConcurrency, DownloadBudget: c.DownloadBudget})
 	if err != nil {
 		return nil, err
 	}

@@ -221,6 +221,9 @@ func (d *Deserializer) open(ctx context.Context, rec *kgo.Record, sd side, refBy
 	if err != nil {
 		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, err)
 	}
+	if ok {
+		ctx = payloadstore.WithExpected(ctx, size, sum)
+	}
 	rc, err := d.store.Download(ctx, ref.FullPayloadPath)
 	if err != nil {
 		return nil, 0, d.recordErr(rec, sd, ref.FullPayloadPath, d.classHint(err, ref))

@@ -90,6 +90,7 @@ type Metrics struct {
 
 	offloadedRecords, offloadedBytes *prometheus.CounterVec
 	resolvedRecords, resolvedBytes   *prometheus.CounterVec
+	deliveredRecords, deliveredBytes *prometheus.CounterVec
 	storeOps                         *prometheus.CounterVec
 	storeSeconds                     *prometheus.HistogramVec
 	icSeconds                        *prometheus.HistogramVec
@@ -109,6 +110,7 @@ type topicSeries struct {
 	topic                            string
 	offloadedRecords, offloadedBytes prometheus.Counter
 	resolvedRecords, resolvedBytes   prometheus.Counter
+	deliveredRecords, deliveredBytes prometheus.Counter
 	ok, failed                       [len(storeOps)]prometheus.Counter
 	seconds                          [len(storeOps)]prometheus.Observer
 	rejMu                            sync.Mutex
@@ -136,6 +138,10 @@ func NewMetrics(reg prometheus.Registerer, o MetricsOptions) (*Metrics, error) {
 		Help: "Payloads downloaded from the payload store and read to their end, by topic."}, topic)
 	m.resolvedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_resolved_bytes_total",
 		Help: "Bytes read from payloads downloaded from the payload store, by topic."}, topic)
+	m.deliveredRecords = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_resolved_delivered_records_total",
+		Help: "Records the proxy's large-message interceptor delivered with their payloads restored, by topic, whether the payload was downloaded for them or served from large.message.payload.cache.max.bytes (ferry_resolved_records_total counts the downloads)."}, topic)
+	m.deliveredBytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_resolved_delivered_bytes_total",
+		Help: "Key and value bytes of the records counted by ferry_resolved_delivered_records_total, by topic."}, topic)
 	m.storeOps = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_store_operations_total",
 		Help: "Payload store operations (publish, download, delete, stat, copy, touch, move, remove, list, put, get), retries included, by topic, operation and result (ok, error)."},
 		[]string{"topic", "operation", "result"})
@@ -163,7 +169,7 @@ func NewMetrics(reg prometheus.Registerer, o MetricsOptions) (*Metrics, error) {
 // itself.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.offloadedRecords, m.offloadedBytes, m.resolvedRecords, m.resolvedBytes,
-		m.storeOps, m.storeSeconds, m.icSeconds, m.rejections}
+		m.deliveredRecords, m.deliveredBytes, m.storeOps, m.storeSeconds, m.icSeconds, m.rejections}
 }
 
 // labelValue is v as a Prometheus label value: bytes that are not UTF-8
@@ -181,6 +187,7 @@ func (m *Metrics) newSeries(topic string) *topicSeries {
 	s := &topicSeries{topic: topic,
 		offloadedRecords: m.offloadedRecords.WithLabelValues(topic), offloadedBytes: m.offloadedBytes.WithLabelValues(topic),
 		resolvedRecords: m.resolvedRecords.WithLabelValues(topic), resolvedBytes: m.resolvedBytes.WithLabelValues(topic),
+		deliveredRecords: m.deliveredRecords.WithLabelValues(topic), deliveredBytes: m.deliveredBytes.WithLabelValues(topic),
 		rej: map[[2]string]prometheus.Counter{}}
 	for i, op := range storeOps {
 		s.ok[i] = m.storeOps.WithLabelValues(topic, op, "ok")
@@ -234,6 +241,17 @@ func (m *Metrics) Resolved(topic string, n int64) {
 	s := m.series(topic)
 	s.resolvedRecords.Inc()
 	s.resolvedBytes.Add(float64(n))
+}
+
+// Delivered counts one record of n resolved key and value bytes delivered
+// for topic (a download or a cache hit: Resolved counts downloads).
+func (m *Metrics) Delivered(topic string, n int64) {
+	if m == nil {
+		return
+	}
+	s := m.series(topic)
+	s.deliveredRecords.Inc()
+	s.deliveredBytes.Add(float64(n))
 }
 
 // storeOp counts one store operation of topic ("" when the operation names

@@ -16,6 +16,7 @@ import (
 
 	"cloud.google.com/go/storage"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go/logging"
@@ -76,8 +77,13 @@ func init() {
 // block blobs, with Options.PartSizeBytes per part and
 // Options.UploadConcurrency parts in flight. The object becomes visible only
 // when the upload completes; a failed or cancelled upload is aborted and
-// leaves nothing under its key. Downloads stream, and a read that fails
-// mid-stream reopens the object at the offset reached (up to 3 times).
+// leaves nothing under its key. Downloads stream: an object larger than
+// Options.DownloadPartBytes is read with concurrent ranged GETs,
+// Options.DownloadConcurrency in flight, delivered in order, so a download
+// holds at most DownloadPartBytes × DownloadConcurrency bytes (64 MiB by
+// default); a smaller one is one GET. A read that fails mid-stream asks for
+// the rest of its range (or object) again from the offset reached, up to 3
+// times.
 type BlobStore struct {
 	bucket      *blob.Bucket
 	root        Root
@@ -85,6 +91,10 @@ type BlobStore struct {
 	gen         IDGenerator
 	partSize    int
 	concurrency int
+	// Downloads: range size and ranges in flight (download.go).
+	dlPart        int
+	dlConcurrency int
+	budget        Budget // download buffers are charged to it
 	// For S3 only: the client, bucket and key prefix, to abort multipart
 	// uploads that a failed or cancelled Publish could not abort itself.
 	s3       *s3.Client
@@ -137,13 +147,26 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	if concurrency < 1 {
 		return fail(false, fmt.Errorf("%w: large.message.payload.store.upload.concurrency is %d; it must be at least 1", ErrInvalidConfig, concurrency))
 	}
+	dlPart, dlConc := opts.DownloadPartBytes, opts.DownloadConcurrency
+	if dlPart == 0 {
+		dlPart = DefaultDownloadPartBytes
+	}
+	if dlConc == 0 {
+		dlConc = DefaultDownloadConcurrency
+	}
+	if dlPart < minDownloadPartBytes {
+		return fail(false, fmt.Errorf("%w: large.message.payload.store.download.part.bytes is %d; it must be at least %d", ErrInvalidConfig, dlPart, minDownloadPartBytes))
+	}
+	if dlConc < 1 {
+		return fail(false, fmt.Errorf("%w: large.message.payload.store.download.concurrency is %d; it must be at least 1", ErrInvalidConfig, dlConc))
+	}
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket below.
 	var b *blob.Bucket
 	var s3c *s3.Client
 	var err error
 	if u.Scheme == s3blob.Scheme {
-		b, s3c, err = openS3Bucket(ctx, bucketName, u.Query())
+		b, s3c, err = openS3Bucket(ctx, bucketName, u.Query(), max(dlConc, concurrency))
 	} else {
 		gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
 		b, err = blob.OpenBucket(ctx, gu.String())
@@ -167,7 +190,8 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		b.Close()
 		return fail(false, fmt.Errorf("%w: bucket (or container) %q does not exist", ErrInvalidConfig, bucketName))
 	}
-	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency, s3: s3c, s3Bucket: bucketName}
+	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency,
+		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, s3: s3c, s3Bucket: bucketName}
 	if prefix != "" {
 		st.s3Prefix = prefix + "/"
 	}
@@ -242,11 +266,7 @@ func (s *BlobStore) Download(ctx context.Context, fullPath string) (io.ReadClose
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.bucket.NewReader(ctx, key, nil)
-	if err != nil {
-		return nil, s.fail("download", fullPath, err)
-	}
-	return &resumingReader{ctx: ctx, s: s, key: key, full: fullPath, r: r, size: r.Size()}, nil
+	return s.download(ctx, key, fullPath)
 }
 
 func (s *BlobStore) Delete(ctx context.Context, fullPath string) error {
@@ -471,7 +491,12 @@ func httpStatus(err error) int {
 // needs one, DisableLogOutputChecksumValidationSkipped, or every download
 // from an S3-compatible server that sends no checksum prints an SDK line on
 // stderr.
-func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucket, *s3.Client, error) {
+//
+// conns is the most requests one upload or download has in flight: the
+// client keeps at least four times as many idle connections to the server,
+// so that ranged GETs reuse them instead of opening new ones (the SDK keeps
+// 10 per host by default).
+func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int) (*blob.Bucket, *s3.Client, error) {
 	var opts s3blob.Options
 	var clientOpts []func(*s3.Options)
 	boolParam := func(key string, set func(o *s3.Options, v bool)) error {
@@ -512,6 +537,12 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values) (*blob.Bucke
 	// The SDK logs to stderr by default (e.g. "falling back to IMDSv1"
 	// while looking for credentials); Ferry reports errors itself.
 	cfg.Logger = logging.Nop{}
+	if hc, ok := cfg.HTTPClient.(*awshttp.BuildableClient); ok {
+		cfg.HTTPClient = hc.WithTransportOptions(func(tr *http.Transport) {
+			tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, 4*conns)
+			tr.MaxIdleConns = max(tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
+		})
+	}
 	clientOpts = append(clientOpts, func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
 	client := s3.NewFromConfig(cfg, clientOpts...)
 	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation

@@ -22,11 +22,12 @@ var (
 	azureURL = storetest.AzureURL
 )
 
-// openURL opens rawURL with 5 MiB parts (so the conformance suite's 12 MiB
-// payload takes three) and closes the store at the end of the test.
+// openURL opens rawURL with 5 MiB parts and ranges, two in flight (so the
+// conformance suite's 12 MiB payload takes three of each), and closes the
+// store at the end of the test.
 func openURL(t *testing.T, rawURL string) payloadstore.PayloadStore {
 	t.Helper()
-	s, err := payloadstore.Open(context.Background(), rawURL, payloadstore.Options{PartSizeBytes: 5 << 20, UploadConcurrency: 2})
+	s, err := payloadstore.Open(context.Background(), rawURL, payloadstore.Options{PartSizeBytes: 5 << 20, UploadConcurrency: 2, DownloadPartBytes: 5 << 20, DownloadConcurrency: 2})
 	if err != nil {
 		t.Fatalf("Open %s: %v", rawURL, err)
 	}

@@ -52,6 +52,9 @@ func Objects(s PayloadStore) (ObjectStore, error) {
 	if o, ok := s.(ObjectStore); ok {
 		return o, nil
 	}
+	if c, ok := s.(*CachedStore); ok {
+		return Objects(c.PayloadStore)
+	}
 	return nil, &Error{Op: "open", Path: s.Class(), Err: fmt.Errorf("the %s store has no key-level operations (payloadstore.ObjectStore)", s.Class())}
 }
 

@@ -27,6 +27,24 @@ type Options struct {
 	// PartSizeBytes × UploadConcurrency bytes. Config key
 	// large.message.payload.store.upload.concurrency.
 	UploadConcurrency int
+	// DownloadPartBytes is the size in bytes of each ranged GET of a
+	// download from a cloud store; 0 means DefaultDownloadPartBytes
+	// (8 MiB), the least is 256 KiB. An object of at most this size is
+	// read with one GET. Config key
+	// large.message.payload.store.download.part.bytes.
+	DownloadPartBytes int
+	// DownloadConcurrency is how many ranged GETs of one download are in
+	// flight (or fetched and not yet read) at once; 0 means
+	// DefaultDownloadConcurrency (8), 1 reads every object with one GET. A
+	// download holds at most DownloadPartBytes × DownloadConcurrency bytes
+	// (64 MiB by default). Config key
+	// large.message.payload.store.download.concurrency.
+	DownloadConcurrency int
+	// DownloadBudget, when its Take is set, is charged for every buffer of
+	// a ranged download, without waiting: with no room a download goes on
+	// with fewer ranges in flight, or as one stream (no buffer). The proxy
+	// passes proxy.memory.max.bytes, so that its memory bound holds.
+	DownloadBudget Budget
 }
 
 // Opener opens a store for a parsed URL. It should check that the store is
