@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/s2"
@@ -315,19 +316,42 @@ func (c Codec) CompressedLen(src []byte, limit int64) (int64, error) {
 	case "snappy":
 		return int64(len(s2.EncodeSnappy(nil, src))), nil
 	case "zstd":
-		opts := []zstd.EOption{zstd.WithWindowSize(64 << 10), zstd.WithEncoderConcurrency(1), zstd.WithZeroFrames(true)}
-		if probe, err := zstd.NewWriter(nil, append(opts, zstd.WithEncoderLevel(zstd.EncoderLevel(c.Level)))...); err == nil {
-			probe.Close()
-			opts = append(opts, zstd.WithEncoderLevel(zstd.EncoderLevel(c.Level)))
+		pool := zstdPool(c.Level)
+		v := pool.Get()
+		enc, ok := v.(*zstd.Encoder)
+		if !ok {
+			return 0, fmt.Errorf("zstd encoder: %w", v.(error))
 		}
-		enc, err := zstd.NewWriter(nil, opts...)
-		if err != nil {
-			return 0, err
-		}
-		defer enc.Close()
+		defer pool.Put(enc)
 		return int64(len(enc.EncodeAll(src, make([]byte, 0, enc.MaxEncodedSize(len(src)))))), nil
 	}
 	return int64(len(src)), nil
+}
+
+// zstdPools holds, per compression level, a sync.Pool of the encoders
+// CompressedLen measures with: an encoder allocates about a megabyte of
+// state, too much to make for every record a proxy sizes. EncodeAll
+// resets the encoder, so a reused one gives the same output.
+var zstdPools sync.Map // int -> *sync.Pool
+
+func zstdPool(level int) *sync.Pool {
+	if p, ok := zstdPools.Load(level); ok {
+		return p.(*sync.Pool)
+	}
+	p, _ := zstdPools.LoadOrStore(level, &sync.Pool{New: func() any {
+		opts := []zstd.EOption{zstd.WithWindowSize(64 << 10), zstd.WithEncoderConcurrency(1), zstd.WithZeroFrames(true)}
+		// A level zstd does not know is measured at its default, as
+		// franz-go's codec falls back to it.
+		if probe, err := zstd.NewWriter(nil, append(opts, zstd.WithEncoderLevel(zstd.EncoderLevel(level)))...); err == nil {
+			return probe
+		}
+		enc, err := zstd.NewWriter(nil, opts...)
+		if err != nil {
+			return err
+		}
+		return enc
+	}})
+	return p.(*sync.Pool)
 }
 
 // checkAgainstClient compresses a fixed sample with c and with the client's

@@ -77,40 +77,43 @@ func FuzzProduceRequest(f *testing.F) {
 		f.Add(v, req.AppendTo(nil))
 	}
 	ch := fuzzChain(f)
-	f.Fuzz(func(t *testing.T, version int16, body []byte) {
-		if version < 0 || version > 13 {
-			return
-		}
-		req, err := decodeProduce(version, body)
-		if err != nil {
-			return
-		}
-		var out interceptor.ProduceOutcome
-		watchdog(t, 20*time.Second, func() {
-			out = ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]interceptor.TopicLimit {
-				m := map[string]interceptor.TopicLimit{}
-				for _, tp := range topics {
-					m[tp] = interceptor.TopicLimit{MaxMessageBytes: 4096, Compression: []string{"", "zstd", "uncompressed"}[len(tp)%3]}
-				}
-				return m
-			})
+	f.Fuzz(func(t *testing.T, version int16, body []byte) { fuzzProduceRequest(t, ch, version, body) })
+}
+
+// fuzzProduceRequest is one FuzzProduceRequest input.
+func fuzzProduceRequest(t testing.TB, ch *interceptor.Chain, version int16, body []byte) {
+	if version < 0 || version > 13 {
+		return
+	}
+	req, err := decodeProduce(version, body)
+	if err != nil {
+		return
+	}
+	var out interceptor.ProduceOutcome
+	watchdog(t, 20*time.Second, func() {
+		out = ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]interceptor.TopicLimit {
+			m := map[string]interceptor.TopicLimit{}
+			for _, tp := range topics {
+				m[tp] = interceptor.TopicLimit{MaxMessageBytes: 4096, Compression: []string{"", "zstd", "uncompressed"}[len(tp)%3]}
+			}
+			return m
 		})
-		frame := requestFrame([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, req)
-		out.Release()
-		if _, err := decodeProduce(version, frame[14:]); err != nil && out.Forward {
-			t.Fatalf("the forwarded request does not decode: %v", err)
+	})
+	frame := requestFrame([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff}, req)
+	out.Release()
+	if _, err := decodeProduce(version, frame[14:]); err != nil && out.Forward {
+		t.Fatalf("the forwarded request does not decode: %v", err)
+	}
+	if n := ch.Memory().InUse(); n != 0 {
+		// Abandoned workers give theirs back when they end.
+		deadline := time.Now().Add(5 * time.Second)
+		for ch.Memory().InUse() != 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
 		}
 		if n := ch.Memory().InUse(); n != 0 {
-			// Abandoned workers give theirs back when they end.
-			deadline := time.Now().Add(5 * time.Second)
-			for ch.Memory().InUse() != 0 && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if n := ch.Memory().InUse(); n != 0 {
-				t.Fatalf("%d bytes of the memory budget were not given back", n)
-			}
+			t.Fatalf("%d bytes of the memory budget were not given back", n)
 		}
-	})
+	}
 }
 
 // FuzzFetchResponse feeds arbitrary Fetch response bodies through the fetch
@@ -132,45 +135,50 @@ func FuzzFetchResponse(f *testing.F) {
 	}
 	ch := fuzzChain(f)
 	f.Fuzz(func(t *testing.T, version int16, body []byte, maxBytes, partMax int32) {
-		if version < 4 || version > 16 {
-			return
-		}
-		resp := kmsg.NewPtrFetchResponse()
-		resp.SetVersion(version)
-		if resp.ReadFrom(body) != nil {
-			return
-		}
-		limits := interceptor.FetchLimits{MaxBytes: maxBytes, PartitionMaxBytes: map[interceptor.FetchPartition]int32{},
-			FetchOffset: map[interceptor.FetchPartition]int64{}}
-		for _, tp := range resp.Topics {
-			for _, p := range tp.Partitions {
-				k := interceptor.FetchPartition{Topic: tp.Topic, TopicID: tp.TopicID, Partition: p.Partition}
-				limits.PartitionMaxBytes[k] = partMax
-				limits.FetchOffset[k] = int64(partMax % 7)
-			}
-		}
-		var out interceptor.FetchOutcome
-		watchdog(t, 20*time.Second, func() { out = ch.InterceptFetchLimited(context.Background(), resp, limits) })
-		enc := resp.AppendTo(nil)
-		out.Release()
-		again := kmsg.NewPtrFetchResponse()
-		again.SetVersion(version)
-		if err := again.ReadFrom(enc); err != nil {
-			t.Fatalf("the rewritten response does not decode: %v", err)
-		}
-		deadline := time.Now().Add(5 * time.Second)
-		for ch.Memory().InUse() != 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if n := ch.Memory().InUse(); n != 0 {
-			t.Fatalf("%d bytes of the memory budget were not given back", n)
-		}
+		fuzzFetchResponse(t, ch, version, body, maxBytes, partMax)
 	})
+}
+
+// fuzzFetchResponse is one FuzzFetchResponse input.
+func fuzzFetchResponse(t testing.TB, ch *interceptor.Chain, version int16, body []byte, maxBytes, partMax int32) {
+	if version < 4 || version > 16 {
+		return
+	}
+	resp := kmsg.NewPtrFetchResponse()
+	resp.SetVersion(version)
+	if resp.ReadFrom(body) != nil {
+		return
+	}
+	limits := interceptor.FetchLimits{MaxBytes: maxBytes, PartitionMaxBytes: map[interceptor.FetchPartition]int32{},
+		FetchOffset: map[interceptor.FetchPartition]int64{}}
+	for _, tp := range resp.Topics {
+		for _, p := range tp.Partitions {
+			k := interceptor.FetchPartition{Topic: tp.Topic, TopicID: tp.TopicID, Partition: p.Partition}
+			limits.PartitionMaxBytes[k] = partMax
+			limits.FetchOffset[k] = int64(partMax % 7)
+		}
+	}
+	var out interceptor.FetchOutcome
+	watchdog(t, 20*time.Second, func() { out = ch.InterceptFetchLimited(context.Background(), resp, limits) })
+	enc := resp.AppendTo(nil)
+	out.Release()
+	again := kmsg.NewPtrFetchResponse()
+	again.SetVersion(version)
+	if err := again.ReadFrom(enc); err != nil {
+		t.Fatalf("the rewritten response does not decode: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for ch.Memory().InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := ch.Memory().InUse(); n != 0 {
+		t.Fatalf("%d bytes of the memory budget were not given back", n)
+	}
 }
 
 // watchdog runs f and fails with every goroutine's stack if it does not
 // return within d (a hang is a finding too).
-func watchdog(t *testing.T, d time.Duration, f func()) {
+func watchdog(t testing.TB, d time.Duration, f func()) {
 	done := make(chan struct{})
 	go func() { defer close(done); f() }()
 	select {
