@@ -137,18 +137,33 @@ func BatchHeaderSize(topic string) int { return 12 + len(topic) }
 
 // AppendRecord appends one record of an input batch.
 func AppendRecord(dst []byte, offset, timestamp int64, key, value []byte, headers []Header) []byte {
+	dst = AppendRecordHead(dst, offset, timestamp, key, value, len(headers))
+	for _, h := range headers {
+		dst = AppendHeader(dst, h.Key, h.Value)
+	}
+	return dst
+}
+
+// AppendRecordHead appends a record of an input batch up to its header
+// count; its nHeaders headers follow, each by AppendHeader (for a caller
+// whose headers are of another type).
+func AppendRecordHead(dst []byte, offset, timestamp int64, key, value []byte, nHeaders int) []byte {
 	dst = appendU64(dst, uint64(offset))
 	dst = appendU64(dst, uint64(timestamp))
 	dst = appendNullable(dst, key)
 	dst = appendNullable(dst, value)
-	return appendHeaders(dst, headers)
+	return appendU32(dst, uint32(nHeaders))
+}
+
+// AppendHeader appends one header (a nil value is null).
+func AppendHeader(dst []byte, key string, value []byte) []byte {
+	return appendNullable(appendString(dst, key), value)
 }
 
 func appendHeaders(dst []byte, hs []Header) []byte {
 	dst = appendU32(dst, uint32(len(hs)))
 	for _, h := range hs {
-		dst = appendString(dst, h.Key)
-		dst = appendNullable(dst, h.Value)
+		dst = AppendHeader(dst, h.Key, h.Value)
 	}
 	return dst
 }
