@@ -130,12 +130,14 @@ func (s *side) ProcessBatch(ctx context.Context, recs []*interceptor.Record) ([]
 	}
 	errs, kind, err := s.call(ctx, in, recs)
 	if err != nil {
-		if kind == KindTrap && uint64(in.mem.Size())+pageSize > m.s.memoryMax {
-			kind = KindMemory // trapped at its memory cap (a Go module's "out of memory")
-			err = fmt.Errorf("%w (its memory is at %s=%d)", err, KeyMemoryMax, m.s.memoryMax)
+		if size := uint64(in.mem.Size()); kind == KindTrap && size > m.s.memoryMax/4*3 {
+			// Trapped near its memory cap: a Go module's "out of memory"
+			// (memory grows in chunks, so the last one did not fit).
+			kind = KindMemory
+			err = fmt.Errorf("%w (its memory is at %d bytes, near %s=%d)", err, size, KeyMemoryMax, m.s.memoryMax)
 		}
 		m.put(in, false)
-		return nil, m.failure(s.direction, kind, fmt.Errorf("topic %s partition %d: %w", recs[0].Topic, recs[0].Partition, err))
+		return nil, m.failure(s.direction, kind, err)
 	}
 	if err := m.charge(in); err != nil {
 		m.put(in, false)

@@ -3,18 +3,19 @@ package wasm
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/observe"
 )
 
 // build builds a chain of one wasm interceptor with module testdata/NAME.wasm.
-func build(t *testing.T, name string, extra map[string]string, o interceptor.Options) (*interceptor.Chain, error) {
+func build(t testing.TB, name string, extra map[string]string, o interceptor.Options) (*interceptor.Chain, error) {
 	t.Helper()
 	cfg := map[string]string{KeyModulePath: "testdata/" + name + ".wasm"}
 	for k, v := range extra {
@@ -109,13 +110,17 @@ func TestRefusedModules(t *testing.T) {
 	}
 }
 
-func TestHostileDirect(t *testing.T) {
+// TestHostile: each hostile module fails its partition with a clear error
+// of its kind, counted; the failed instance is replaced (the next call
+// fails the same way, not stuck) and its memory given back; a module that
+// never returns is interrupted at the chain's budget and its goroutine
+// ends.
+func TestHostile(t *testing.T) {
 	m, err := observe.NewMetrics(nil, observe.MetricsOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := interceptor.NewMemory(256 << 20)
-	ctx := context.Background()
+	set := batches(t, true, "hello", "world")
 	for name, want := range map[string]string{
 		"trap":     KindTrap,
 		"grow":     KindMemory,
@@ -125,15 +130,45 @@ func TestHostileDirect(t *testing.T) {
 		"loop":     KindTimeout,
 	} {
 		t.Run(name, func(t *testing.T) {
-			bctx := context.WithValue(ctx, struct{}{}, 0)
-			_ = bctx
-			ch, err := build(t, name, map[string]string{KeyMemoryMax: "4194304"}, interceptor.Options{Metrics: m, Memory: mem, Timeout: 300 * time.Millisecond})
+			mem := interceptor.NewMemory(64 << 20)
+			const memMax = 4 << 20
+			ch, err := build(t, name, map[string]string{KeyMemoryMax: "4194304", KeyInstancesMax: "2"},
+				interceptor.Options{Metrics: m, Memory: mem, Timeout: 500 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, _ = ch, want
+			base := runtime.NumGoroutine()
+			for call := 1; call <= 2; call++ {
+				start := time.Now()
+				out, _ := produce(ch, set)
+				if len(out.Answered) != 1 {
+					t.Fatalf("call %d: %+v", call, out)
+				}
+				a := out.Answered[0]
+				if name == "loop" {
+					if a.ErrorCode != kerr.RequestTimedOut.Code || time.Since(start) > 30*time.Second {
+						t.Fatalf("call %d: %d %s after %s", call, a.ErrorCode, a.ErrorMessage, time.Since(start))
+					}
+				} else if a.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(a.ErrorMessage, name+".wasm: "+want) ||
+					!strings.Contains(a.ErrorMessage, "topic t partition 0") {
+					t.Fatalf("call %d: %d %q", call, a.ErrorCode, a.ErrorMessage)
+				}
+				if !errors.Is(a.Err, ErrModule) && name != "loop" {
+					t.Fatalf("call %d: %v does not wrap ErrModule", call, a.Err)
+				}
+				out.Release()
+			}
+			// Counted (the loop's when its interrupted call returns), the
+			// failed instances closed, their memory given back, the
+			// interrupted goroutines ended.
+			deadline := time.Now().Add(30 * time.Second)
+			for failures(m, name+".wasm", "produce", want) < 2 || mem.InUse() > 2*memMax || runtime.NumGoroutine() > base+2 {
+				if time.Now().After(deadline) {
+					t.Fatalf("failures %v, memory in use %d, goroutines %d (base %d)", failures(m, name+".wasm", "produce", want),
+						mem.InUse(), runtime.NumGoroutine(), base)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		})
 	}
-	_ = testutil.ToFloat64
-	_ = errors.Is
 }
