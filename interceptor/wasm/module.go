@@ -306,14 +306,14 @@ func (m *module) get(ctx context.Context) (*instance, error) {
 // slot freed, so the next call makes a fresh one.
 func (m *module) put(in *instance, ok bool) {
 	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if !ok || closed {
-		m.discard(in)
-		<-m.slots
+	if ok && !m.closed {
+		m.idle <- in // never blocks: idle holds as many as there are slots; under mu, so close drains it
+		m.mu.Unlock()
 		return
 	}
-	m.idle <- in
+	m.mu.Unlock()
+	m.discard(in)
+	<-m.slots
 }
 
 // discard closes an instance and gives its memory back.
