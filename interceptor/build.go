@@ -36,9 +36,9 @@ func ParseTimeout(config map[string]string) (time.Duration, error) {
 // the instances already built are closed. Close the chain when done.
 func Build(ctx context.Context, specs []Spec, o Options) (*Chain, error) {
 	if o.Memory == nil {
-		o.Memory = NewMemory(DefaultMemoryMax)
+		o.Memory = NewMemory(DefaultMemoryMax) // made here so the factories charge the chain's budget
 	}
-	ctx = context.WithValue(ctx, observeKey{}, observed{o.Metrics, o.Tracer, o.Memory})
+	ctx = context.WithValue(ctx, observeKey{}, observed{o.Metrics, o.Tracer, o.Memory, o.Timeout})
 	var ins []Instance
 	for i, s := range specs {
 		in, err := New(ctx, s.Name, s.Config)
@@ -91,6 +91,31 @@ type observed struct {
 	m   *observe.Metrics
 	tr  *observe.Tracer
 	mem *Memory
+	t   time.Duration
+}
+
+// BuildEnv is what Build gives a Factory besides its configuration: the
+// chain's metrics (nil: none), memory budget (proxy.memory.max.bytes) and
+// time budget of one call (produce.request.interceptor.timeout.ms). A
+// factory called outside Build gets nil metrics, a budget of its own and
+// DefaultTimeout.
+type BuildEnv struct {
+	Metrics *observe.Metrics
+	Memory  *Memory
+	Timeout time.Duration
+}
+
+// EnvFrom returns the BuildEnv of a Factory's ctx.
+func EnvFrom(ctx context.Context) BuildEnv {
+	o, _ := ctx.Value(observeKey{}).(observed)
+	e := BuildEnv{Metrics: o.m, Memory: o.mem, Timeout: o.t}
+	if e.Memory == nil {
+		e.Memory = NewMemory(DefaultMemoryMax)
+	}
+	if e.Timeout <= 0 {
+		e.Timeout = DefaultTimeout
+	}
+	return e
 }
 
 // memoryFrom returns the memory budget Build was given (nil outside Build).

@@ -170,6 +170,17 @@ type proc struct {
 	name string
 	call func(context.Context, *Record) error
 	obs  prometheus.Observer // the call-time histogram; nil: not timed
+	// batch is the interceptor's ProcessBatch when it is a
+	// BatchInterceptor (nil otherwise).
+	batch func(context.Context, []*Record) ([]error, error)
+}
+
+// batchOf returns ic's ProcessBatch if it has one.
+func batchOf(ic any) func(context.Context, []*Record) ([]error, error) {
+	if b, ok := ic.(BatchInterceptor); ok {
+		return b.ProcessBatch
+	}
+	return nil
 }
 
 func (c *Chain) obsOf(obs []prometheus.Observer, i int) prometheus.Observer {
@@ -201,7 +212,7 @@ func (c *Chain) ledger(b *bounds) *ledger { return &ledger{mem: c.mem, req: b, w
 func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker) {
 	for i, ic := range c.produce {
 		if ic.TopicPattern().MatchString(topic) {
-			ps = append(ps, proc{ic.Name(), ic.ProcessRecord, c.obsOf(c.produceObs, i)})
+			ps = append(ps, proc{ic.Name(), ic.ProcessRecord, c.obsOf(c.produceObs, i), batchOf(ic)})
 			if s, ok := ic.(BatchShrinker); ok {
 				shrinkers = append(shrinkers, s)
 			}
@@ -213,7 +224,7 @@ func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker
 func (c *Chain) fetchProcs(topic string) (ps []proc, sizers []FetchSizer) {
 	for i, ic := range c.fetch {
 		if ic.TopicPattern().MatchString(topic) {
-			ps = append(ps, proc{ic.Name(), ic.ProcessRecord, c.obsOf(c.fetchObs, i)})
+			ps = append(ps, proc{ic.Name(), ic.ProcessRecord, c.obsOf(c.fetchObs, i), batchOf(ic)})
 			if s, ok := ic.(FetchSizer); ok {
 				sizers = append(sizers, s)
 			}

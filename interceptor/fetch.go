@@ -424,20 +424,65 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	size := int64(batchHeaderLen) // the batch as it will be encoded, uncompressed
 	lastDelta := int32(-1)        // the offset delta of the last record considered
 	first := func() bool { return fp.firstOK && emitted == 0 && len(keep) == 0 }
+	early := func(kr *kmsg.Record) bool { return fp.from >= 0 && d.hdr.FirstOffset+int64(kr.OffsetDelta) < fp.from }
+	// predict is a record's size after the interceptors as far as the
+	// FetchSizers know it in advance (known false: measured after).
+	predict := func(kr *kmsg.Record, r *Record) (n int64, known bool) {
+		n, known = int64(encodedLen(kr)), len(fp.sizers) > 0
+		for _, s := range fp.sizers {
+			g, ok := s.GrowsBy(r)
+			n += g
+			known = known && ok
+		}
+		return n, known
+	}
+	// With a BatchInterceptor among the interceptors, the records that can
+	// fit (from the fetch offset, as predicted) go through them
+	// interceptor by interceptor first (staged: rs[k] is record start+k);
+	// the loop below reads their outcomes and cuts the batch where they end.
+	var rs []Record
+	var pre []int64
+	var known []bool
+	var outcomes []stageResult
+	start := 0
+	if hasBatch(fp.ps) {
+		sz := size
+		for i := range d.recs {
+			kr := &d.recs[i]
+			if early(kr) {
+				start = i + 1
+				continue
+			}
+			r := toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
+			r.led, r.Aborted = led, aborted
+			n, k := predict(kr, &r)
+			if !room(sz+n) && !(fp.firstOK && emitted == 0 && len(rs) == 0) {
+				break
+			}
+			sz += n
+			rs, pre, known = append(rs, r), append(pre, n), append(known, k)
+		}
+		outcomes = c.staged(ctx, w, fp.ps, rs, start)
+	}
 	for i := range d.recs {
 		kr := &d.recs[i]
-		if fp.from >= 0 && d.hdr.FirstOffset+int64(kr.OffsetDelta) < fp.from {
+		if early(kr) {
 			dirty = true // before the fetch offset: consumers drop it
 			continue
 		}
-		r := toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
-		r.led, r.Aborted = led, aborted
-		n := int64(encodedLen(kr))
-		known := len(fp.sizers) > 0 // without a FetchSizer, measured after
-		for _, s := range fp.sizers {
-			g, ok := s.GrowsBy(&r)
-			n += g
-			known = known && ok
+		var r Record
+		var n int64
+		var known1 bool
+		if rs != nil {
+			if i-start >= len(rs) {
+				cut = true // past what was staged: does not fit
+				break
+			}
+			r, n, known1 = rs[i-start], pre[i-start], known[i-start]
+		} else {
+			r = toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
+			r.led, r.Aborted = led, aborted
+			n, known1 = predict(kr, &r)
 		}
 		// Over the limits already (as sent, plus the growth a FetchSizer
 		// predicts): left out unread (large-message would download a
@@ -446,28 +491,32 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			cut = true
 			break
 		}
-		skip := false
-		for j := range fp.ps {
-			p := &fp.ps[j]
-			err := c.call(ctx, w, p, i, &r)
-			if err == nil {
-				continue
+		var err error
+		var pname string
+		if rs != nil {
+			err, pname = outcomes[i-start].err, outcomes[i-start].name
+		} else {
+			for j := range fp.ps {
+				if err = c.call(ctx, w, &fp.ps[j], i, &r); err != nil {
+					pname = fp.ps[j].name
+					break
+				}
 			}
+		}
+		skip := false
+		if err != nil {
 			if errors.Is(err, ErrSkipRecord) || aborted {
 				skip = true
+			} else {
+				failed = fmt.Errorf("interceptor %s failed the record at offset %d: %w", pname, r.Offset, err)
+				if len(keep) == 0 {
+					return nil, false, failed
+				}
+				// The records so far go out; the consumer meets the error
+				// at this record next time.
+				cut = true
 				break
 			}
-			failed = fmt.Errorf("interceptor %s failed the record at offset %d: %w", p.name, r.Offset, err)
-			if len(keep) == 0 {
-				return nil, false, failed
-			}
-			// The records so far go out; the consumer meets the error at
-			// this record next time.
-			cut = true
-			break
-		}
-		if cut {
-			break
 		}
 		if skip {
 			dirty = true
@@ -478,7 +527,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			dirty = true
 			n = int64(encodedLen(kr))
 		}
-		if !known && !room(size+n) && !first() {
+		if !known1 && !room(size+n) && !first() {
 			cut = true
 			break
 		}

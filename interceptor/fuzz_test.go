@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrykit/ferry/internal/jsonvalue"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -82,6 +83,15 @@ func plainHeader(n int32, attrs int16) kmsg.RecordBatch {
 		NumRecords: n, LastOffsetDelta: n - 1, PartitionLeaderEpoch: -1}
 }
 
+// fuzzJSONSeeds are FuzzJSON's seeds, redacted with fuzzJSONFields.
+var fuzzJSONSeeds = []string{`{"a":1}`, `{"n":1e400,"email":"a","email":"secret"}`, `[[[[[]]]]]`,
+	`{"a":{"b":[1,2,{"c":"\u00e9"}]}}`, `"\ud800"`, `{"a":1,"a":2}`, `{"\u0061":1,"a":2}`, strings.Repeat("[", 2000),
+	`{"EMAIL":"x","B":[{"C":1},{"c":{"x":1}},2]}`, `{"email":"x","Email":"y"}`, `{"\u212aind":1,"Kind":2}`,
+	`{"d":[0,{"e":1,"E":2},{"e":3}],"d.1":{"e":4}}`, `{"f":[[1],{"g":2},[3,[4]]],"g.h":1,"g":{"h":2}}`,
+	`{"i":{"j":{"k":1}},"I":0}`, ` [ {"a" : [ 1 ] } ] `, `{"b":{"0":{"c":1}},"d":{"1":{"e":1}}}`}
+
+const fuzzJSONFields = `a,email,b.#.c,d.1.e,f.#.#,g\.h,i.j,i,kind`
+
 // FuzzJSON feeds arbitrary values to the JSON check and to both JSON
 // interceptors: no input may panic or recurse without bound, and what the
 // check accepts is valid JSON without a duplicate name (encoding/json
@@ -93,14 +103,10 @@ func plainHeader(n int32, attrs int16) kmsg.RecordBatch {
 // is the mask, everything else decodes as the input did, and the bytes
 // outside the masked spans are the input's.
 func FuzzJSON(f *testing.F) {
-	for _, s := range []string{`{"a":1}`, `{"n":1e400,"email":"a","email":"secret"}`, `[[[[[]]]]]`,
-		`{"a":{"b":[1,2,{"c":"\u00e9"}]}}`, `"\ud800"`, `{"a":1,"a":2}`, `{"\u0061":1,"a":2}`, strings.Repeat("[", 2000),
-		`{"EMAIL":"x","B":[{"C":1},{"c":{"x":1}},2]}`, `{"email":"x","Email":"y"}`, `{"\u212aind":1,"Kind":2}`,
-		`{"d":[0,{"e":1,"E":2},{"e":3}],"d.1":{"e":4}}`, `{"f":[[1],{"g":2},[3,[4]]],"g.h":1,"g":{"h":2}}`,
-		`{"i":{"j":{"k":1}},"I":0}`, ` [ {"a" : [ 1 ] } ] `, `{"b":{"0":{"c":1}},"d":{"1":{"e":1}}}`} {
+	for _, s := range fuzzJSONSeeds {
 		f.Add([]byte(s))
 	}
-	const fields = `a,email,b.#.c,d.1.e,f.#.#,g\.h,i.j,i,kind`
+	const fields = fuzzJSONFields
 	paths := [][]string{{"a"}, {"email"}, {"b", "#", "c"}, {"d", "1", "e"}, {"f", "#", "#"}, {"g.h"}, {"i", "j"}, {"i"}, {"kind"}}
 	red, err := New(context.Background(), "redact", map[string]string{KeyRedactFields: fields, KeyJSONMaxDepth: "64"})
 	if err != nil {
@@ -110,13 +116,14 @@ func FuzzJSON(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	var rds [2]*redactor // [0] case-insensitive, [1] exact
+	var rds [2]*jsonvalue.Redactor // [0] case-insensitive, [1] exact
 	for i, fold := range []bool{true, false} {
-		root, err := compileRedactPaths(strings.Split(fields, ","), fold)
+		rd, err := jsonvalue.NewRedactor(map[string]string{KeyRedactFields: fields, KeyJSONMaxDepth: "64",
+			KeyRedactCaseSensitive: strconv.FormatBool(!fold)})
 		if err != nil {
 			f.Fatal(err)
 		}
-		rds[i] = &redactor{root: root, fold: fold, maxDepth: 64, mask: []byte(`"***"`)}
+		rds[i] = rd
 	}
 	val, err := New(context.Background(), "validate-json", map[string]string{KeyJSONMaxDepth: "64",
 		KeyJSONSchema: `{"type":"object","properties":{"a":{"type":"integer"}}}`})
@@ -124,7 +131,7 @@ func FuzzJSON(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		err := checkJSON(b, 64)
+		err := jsonvalue.Check(b, 64)
 		if err == nil && !json.Valid(b) {
 			t.Fatalf("checkJSON accepted %q, which encoding/json rejects", b)
 		}
@@ -143,7 +150,7 @@ func FuzzJSON(f *testing.F) {
 			if !json.Valid(r.Value) {
 				t.Fatalf("redact turned %q into invalid JSON %q", b, r.Value)
 			}
-			spans, serr := rds[i].spans(context.Background(), b)
+			spans, serr := rds[i].Spans(context.Background(), b)
 			if serr != nil {
 				t.Fatalf("spans of %q: %v", b, serr)
 			}
@@ -151,15 +158,15 @@ func FuzzJSON(f *testing.F) {
 			// value, replaced by the mask.
 			prev, out := 0, r.Value
 			for _, sp := range spans {
-				if sp.start < prev || sp.end <= sp.start || sp.end > len(b) || !json.Valid(b[sp.start:sp.end]) ||
-					len(bytes.TrimSpace(b[sp.start:sp.end])) != sp.end-sp.start {
+				if sp.Start < prev || sp.End <= sp.Start || sp.End > len(b) || !json.Valid(b[sp.Start:sp.End]) ||
+					len(bytes.TrimSpace(b[sp.Start:sp.End])) != sp.End-sp.Start {
 					t.Fatalf("%q: bad span %v in %v", b, sp, spans)
 				}
-				n := sp.start - prev
-				if !bytes.HasPrefix(out, b[prev:sp.start]) || !bytes.HasPrefix(out[n:], []byte(`"***"`)) {
+				n := sp.Start - prev
+				if !bytes.HasPrefix(out, b[prev:sp.Start]) || !bytes.HasPrefix(out[n:], []byte(`"***"`)) {
 					t.Fatalf("%q became %q: bytes before the span %v changed", b, r.Value, sp)
 				}
-				out, prev = out[n+len(`"***"`):], sp.end
+				out, prev = out[n+len(`"***"`):], sp.End
 			}
 			if !bytes.Equal(out, b[prev:]) {
 				t.Fatalf("%q became %q: bytes after the last span changed", b, r.Value)

@@ -425,29 +425,49 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 	bw = &batchWork{d: d, raw: raw, info: batchInfo(&d.hdr, lim), deferred: map[int][]namedDeferred{}}
 	dirty, skipped := false, false
 	keep := d.recs[:0:0]
+	// With a BatchInterceptor among ps, the records go through ps
+	// interceptor by interceptor first (staged); the loop below then
+	// reads their outcomes instead of calling ps.
+	var rs []Record
+	var outcomes []stageResult
+	if hasBatch(ps) {
+		rs = make([]Record, len(d.recs))
+		for i := range d.recs {
+			rs[i] = toRecord(topic, partition, &d.hdr, bw.info, &d.recs[i], i, false)
+			rs[i].led = led
+		}
+		outcomes = c.staged(ctx, w, ps, rs, 0)
+	}
 	for i := range d.recs {
 		kr := &d.recs[i]
-		r := toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
-		r.led = led
-		skip := false
-		for j := range ps {
-			p := &ps[j]
-			err := c.call(ctx, w, p, i, &r)
-			if err == nil {
-				continue
-			}
-			if errors.Is(err, ErrSkipRecord) {
-				if d.hdr.ProducerID >= 0 {
-					msg := fmt.Sprintf("interceptor %s skipped record %d, but the batch is idempotent or transactional (producer id %d): dropping a record would break its sequence numbers, so the batch is rejected", p.name, i, d.hdr.ProducerID)
-					return nil, &failure{code: kerr.InvalidRecord.Code, msg: msg, err: fmt.Errorf("%s: %w", msg, err),
-						records: []kmsg.ProduceResponseTopicPartitionErrorRecord{recordError(i, msg)}}
+		var r Record
+		var err error
+		var pname string
+		if rs != nil {
+			r, err, pname = rs[i], outcomes[i].err, outcomes[i].name
+		} else {
+			r = toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
+			r.led = led
+			for j := range ps {
+				if err = c.call(ctx, w, &ps[j], i, &r); err != nil {
+					pname = ps[j].name
+					break
 				}
-				skip = true
-				break
 			}
-			msg := fmt.Sprintf("interceptor %s failed record %d: %v", p.name, i, err)
-			return nil, &failure{code: codeOf(err, kerr.InvalidRecord.Code), msg: msg, err: err,
-				records: []kmsg.ProduceResponseTopicPartitionErrorRecord{recordError(i, msg)}}
+		}
+		skip := false
+		if err != nil {
+			if !errors.Is(err, ErrSkipRecord) {
+				msg := fmt.Sprintf("interceptor %s failed record %d: %v", pname, i, err)
+				return nil, &failure{code: codeOf(err, kerr.InvalidRecord.Code), msg: msg, err: err,
+					records: []kmsg.ProduceResponseTopicPartitionErrorRecord{recordError(i, msg)}}
+			}
+			if d.hdr.ProducerID >= 0 {
+				msg := fmt.Sprintf("interceptor %s skipped record %d, but the batch is idempotent or transactional (producer id %d): dropping a record would break its sequence numbers, so the batch is rejected", pname, i, d.hdr.ProducerID)
+				return nil, &failure{code: kerr.InvalidRecord.Code, msg: msg, err: fmt.Errorf("%s: %w", msg, err),
+					records: []kmsg.ProduceResponseTopicPartitionErrorRecord{recordError(i, msg)}}
+			}
+			skip = true
 		}
 		if skip {
 			skipped, dirty = true, true

@@ -39,6 +39,100 @@ func cardsValue(n int) []byte {
 	return b.Bytes()
 }
 
+// redactFoldConfig and redactFoldCases: names compared ignoring case.
+var redactFoldConfig = map[string]string{KeyRedactFields: "email,user.email,kind"}
+
+var redactFoldCases = []struct{ in, want string }{
+	{`{"EMAIL":"secret"}`, `{"EMAIL":"***"}`},
+	{`{"User":{"eMail":"secret"}}`, `{"User":{"eMail":"***"}}`},
+	{`{"em\u0061il":"secret"}`, `{"em\u0061il":"***"}`},
+	{`{"\u0045mail":"secret"}`, `{"\u0045mail":"***"}`},
+	{`{"\u212aind":"secret"}`, `{"\u212aind":"***"}`}, // Kelvin sign: EqualFold("Kind", "\u212aind")
+	{`{"KIND":1,"user":{"EMAIL":[1]}}`, `{"KIND":"***","user":{"EMAIL":"***"}}`},
+	{`{"emails":"x","e-mail":"y"}`, `{"emails":"x","e-mail":"y"}`},
+}
+
+// redactFoldRefused have two names equal but for case in one object.
+var redactFoldRefused = []string{
+	`{"email":"x","Email":"secret"}`,
+	`{"a":[{"Name":1,"NAME":2}]}`,
+	`{"user":{"email":"x","em\u0041il":"secret"}}`,
+	`{"\u212a":1,"k":2}`,
+}
+
+// redactExactConfig and redactExactCases: redact.case.sensitive=true.
+var redactExactConfig = map[string]string{KeyRedactFields: "email,user.email", KeyRedactCaseSensitive: "true"}
+
+var redactExactCases = []struct{ in, want string }{
+	{`{"EMAIL":"secret"}`, `{"EMAIL":"secret"}`},
+	{`{"email":"x","Email":"y"}`, `{"email":"***","Email":"y"}`},
+	{`{"User":{"email":"x"},"user":{"email":"y"}}`, `{"User":{"email":"x"},"user":{"email":"***"}}`},
+	{`{"em\u0061il":"x"}`, `{"em\u0061il":"***"}`},
+}
+
+// redactExactRefused have a name twice, compared exactly.
+var redactExactRefused = []string{`{"email":"x","email":"y"}`, `{"email":"x","em\u0061il":"y"}`}
+
+// redactPathCases: fields, a value, and the value redacted.
+var redactPathCases = []struct{ fields, in, want string }{
+	// An escaped dot is part of the name.
+	{`a\.b`, `{"a.b":1,"a":{"b":2}}`, `{"a.b":"***","a":{"b":2}}`},
+	{`a.b`, `{"a.b":1,"a":{"b":2}}`, `{"a.b":1,"a":{"b":"***"}}`},
+	// Other escaped characters.
+	{`x\@y,\#,p\*`, `{"x@y":1,"#":2,"p*":3,"p":4}`, `{"x@y":"***","#":"***","p*":"***","p":4}`},
+	// Nested #.
+	{`a.#.#.b`, `{"a":[[{"b":1},{"b":2,"c":3}],[],[{"c":4},5,{"b":[6]}]],"b":7}`,
+		`{"a":[[{"b":"***"},{"b":"***","c":3}],[],[{"c":4},5,{"b":"***"}]],"b":7}`},
+	// # at the end: every element.
+	{`cards.#`, `{"cards":[1,{"a":2},[3]],"n":[4]}`, `{"cards":["***","***","***"],"n":[4]}`},
+	// # on an object matches nothing; a top-level array.
+	{`#.a`, `[{"a":1},{"b":2}]`, `[{"a":"***"},{"b":2}]`},
+	{`o.#`, `{"o":{"a":1}}`, `{"o":{"a":1}}`},
+	// Digits: an array index, or a member of that name.
+	{`cards.1.number`, `{"cards":[{"number":1},{"number":2},{"number":3}]}`, `{"cards":[{"number":1},{"number":"***"},{"number":3}]}`},
+	{`cards.1.number`, `{"cards":{"1":{"number":2},"0":{"number":1}}}`, `{"cards":{"1":{"number":"***"},"0":{"number":1}}}`},
+	{`a.01`, `{"a":[0,1],"b":{"01":1}}`, `{"a":[0,1],"b":{"01":1}}`},
+	{`a.01`, `{"a":{"01":1,"1":2}}`, `{"a":{"01":"***","1":2}}`},
+	{`a.\0`, `{"a":[1]}`, `{"a":[1]}`},
+	// Overlapping fields: the outer value is masked once.
+	{`user,user.email`, `{"user":{"email":"x"},"u":1}`, `{"user":"***","u":1}`},
+	{`user.email,user`, `{"user":{"email":"x"}}`, `{"user":"***"}`},
+	{`cards.#.number,cards.0`, `{"cards":[{"number":1},{"number":2}]}`, `{"cards":["***",{"number":"***"}]}`},
+	{`a.#.b,a.0.b,a.0.b.c`, `{"a":[{"b":{"c":1}},{"b":2}]}`, `{"a":[{"b":"***"},{"b":"***"}]}`},
+	// Spacing and order are kept; only the masked values change.
+	{`a.#.b`, " { \"z\" : 1 ,\n \"a\" : [ { \"b\" : [ 1 , 2 ] } , 3 ] }\n", " { \"z\" : 1 ,\n \"a\" : [ { \"b\" : \"***\" } , 3 ] }\n"},
+	// Strings with escapes, numbers, literals as masked values.
+	{`s,n,t,z`, `{"s":"a\"b\u00e9","n":-1.5e3,"t":true,"z":null}`, `{"s":"***","n":"***","t":"***","z":"***"}`},
+	// A top-level scalar: nothing to mask.
+	{`a`, `"a"`, `"a"`},
+}
+
+// redactInvalidConfig and redactInvalidCases: values refused, and a part of
+// the message.
+var redactInvalidConfig = map[string]string{KeyRedactFields: "a", KeyJSONMaxDepth: "3"}
+
+var redactInvalidCases = []struct{ in, want string }{
+	{``, "not one JSON value but 0"},
+	{`  `, "not one JSON value but 0"},
+	{`1 2`, "more than one JSON value"},
+	{`{"a":1}{}`, "more than one JSON value"},
+	{`{"a":1} x`, "not valid JSON at byte 8"},
+	{`{"a":1`, "not valid JSON"},
+	{`{"a" 1}`, "not valid JSON at byte 5"},
+	{`{1:2}`, "not valid JSON at byte 1"},
+	{`[1,]`, "not valid JSON"},
+	{`{"a":[1}`, "not valid JSON"},
+	{"{\"a\":\"\xff\"}", "not valid JSON"},
+	{"{\"\xff\":1}", "not valid JSON"},
+	{`{"a":"\ud800"}`, "not valid JSON"},
+	{`[[[[1]]]]`, "deeper than json.max.depth=3 (at byte 4)"},
+	{`{"a":{"b":{"c":{}}}}`, "deeper than json.max.depth=3"},
+	{`{"a":1,"a":2}`, "ignoring case"},
+}
+
+// redactValidCases pass redactInvalidConfig's checks.
+var redactValidCases = []string{`[[[1]]]`, ` {"b":[{}]} `, `null`, `{"":1,"b":""}`}
+
 // Found by an adversarial test: each element masked by its own sjson call
 // rewrote the whole value (2.2 MB took 87 s). Now one pass: 100,000
 // elements (2.9 MB) are redacted well inside a 5 s deadline, with memory
@@ -116,16 +210,8 @@ func TestRedactCancel(t *testing.T) {
 // {"email":"x","Email":"secret"} kept "secret" for a Go reader, and
 // {"EMAIL":"secret"} passed unmasked.
 func TestRedactCaseInsensitive(t *testing.T) {
-	cfg := map[string]string{KeyRedactFields: "email,user.email,kind"}
-	for _, tc := range []struct{ in, want string }{
-		{`{"EMAIL":"secret"}`, `{"EMAIL":"***"}`},
-		{`{"User":{"eMail":"secret"}}`, `{"User":{"eMail":"***"}}`},
-		{`{"em\u0061il":"secret"}`, `{"em\u0061il":"***"}`},
-		{`{"\u0045mail":"secret"}`, `{"\u0045mail":"***"}`},
-		{`{"\u212aind":"secret"}`, `{"\u212aind":"***"}`}, // Kelvin sign: EqualFold("Kind", "\u212aind")
-		{`{"KIND":1,"user":{"EMAIL":[1]}}`, `{"KIND":"***","user":{"EMAIL":"***"}}`},
-		{`{"emails":"x","e-mail":"y"}`, `{"emails":"x","e-mail":"y"}`},
-	} {
+	cfg := redactFoldConfig
+	for _, tc := range redactFoldCases {
 		got, err := redactValue(t, cfg, tc.in)
 		if err != nil || got != tc.want {
 			t.Errorf("%s: %s, %v; want %s", tc.in, got, err, tc.want)
@@ -144,12 +230,7 @@ func TestRedactCaseInsensitive(t *testing.T) {
 		t.Fatalf("%s read as %+v, %v", got, s, err)
 	}
 	// Two names equal but for case: refused, wherever they are.
-	for _, v := range []string{
-		`{"email":"x","Email":"secret"}`,
-		`{"a":[{"Name":1,"NAME":2}]}`,
-		`{"user":{"email":"x","em\u0041il":"secret"}}`,
-		`{"\u212a":1,"k":2}`,
-	} {
+	for _, v := range redactFoldRefused {
 		if _, err := redactValue(t, cfg, v); !errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), "ignoring case") {
 			t.Errorf("%s: %v, want INVALID_RECORD for names equal but for case", v, err)
 		}
@@ -160,19 +241,14 @@ func TestRedactCaseInsensitive(t *testing.T) {
 	}
 
 	// redact.case.sensitive=true: exact names, exact duplicates refused.
-	exact := map[string]string{KeyRedactFields: "email,user.email", KeyRedactCaseSensitive: "true"}
-	for _, tc := range []struct{ in, want string }{
-		{`{"EMAIL":"secret"}`, `{"EMAIL":"secret"}`},
-		{`{"email":"x","Email":"y"}`, `{"email":"***","Email":"y"}`},
-		{`{"User":{"email":"x"},"user":{"email":"y"}}`, `{"User":{"email":"x"},"user":{"email":"***"}}`},
-		{`{"em\u0061il":"x"}`, `{"em\u0061il":"***"}`},
-	} {
+	exact := redactExactConfig
+	for _, tc := range redactExactCases {
 		got, err := redactValue(t, exact, tc.in)
 		if err != nil || got != tc.want {
 			t.Errorf("case-sensitive %s: %s, %v; want %s", tc.in, got, err, tc.want)
 		}
 	}
-	for _, v := range []string{`{"email":"x","email":"y"}`, `{"email":"x","em\u0061il":"y"}`} {
+	for _, v := range redactExactRefused {
 		if _, err := redactValue(t, exact, v); !errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), "twice") {
 			t.Errorf("case-sensitive %s: %v, want INVALID_RECORD", v, err)
 		}
@@ -209,38 +285,7 @@ func TestRedactManyNames(t *testing.T) {
 }
 
 func TestRedactPaths(t *testing.T) {
-	for _, tc := range []struct{ fields, in, want string }{
-		// An escaped dot is part of the name.
-		{`a\.b`, `{"a.b":1,"a":{"b":2}}`, `{"a.b":"***","a":{"b":2}}`},
-		{`a.b`, `{"a.b":1,"a":{"b":2}}`, `{"a.b":1,"a":{"b":"***"}}`},
-		// Other escaped characters.
-		{`x\@y,\#,p\*`, `{"x@y":1,"#":2,"p*":3,"p":4}`, `{"x@y":"***","#":"***","p*":"***","p":4}`},
-		// Nested #.
-		{`a.#.#.b`, `{"a":[[{"b":1},{"b":2,"c":3}],[],[{"c":4},5,{"b":[6]}]],"b":7}`,
-			`{"a":[[{"b":"***"},{"b":"***","c":3}],[],[{"c":4},5,{"b":"***"}]],"b":7}`},
-		// # at the end: every element.
-		{`cards.#`, `{"cards":[1,{"a":2},[3]],"n":[4]}`, `{"cards":["***","***","***"],"n":[4]}`},
-		// # on an object matches nothing; a top-level array.
-		{`#.a`, `[{"a":1},{"b":2}]`, `[{"a":"***"},{"b":2}]`},
-		{`o.#`, `{"o":{"a":1}}`, `{"o":{"a":1}}`},
-		// Digits: an array index, or a member of that name.
-		{`cards.1.number`, `{"cards":[{"number":1},{"number":2},{"number":3}]}`, `{"cards":[{"number":1},{"number":"***"},{"number":3}]}`},
-		{`cards.1.number`, `{"cards":{"1":{"number":2},"0":{"number":1}}}`, `{"cards":{"1":{"number":"***"},"0":{"number":1}}}`},
-		{`a.01`, `{"a":[0,1],"b":{"01":1}}`, `{"a":[0,1],"b":{"01":1}}`},
-		{`a.01`, `{"a":{"01":1,"1":2}}`, `{"a":{"01":"***","1":2}}`},
-		{`a.\0`, `{"a":[1]}`, `{"a":[1]}`},
-		// Overlapping fields: the outer value is masked once.
-		{`user,user.email`, `{"user":{"email":"x"},"u":1}`, `{"user":"***","u":1}`},
-		{`user.email,user`, `{"user":{"email":"x"}}`, `{"user":"***"}`},
-		{`cards.#.number,cards.0`, `{"cards":[{"number":1},{"number":2}]}`, `{"cards":["***",{"number":"***"}]}`},
-		{`a.#.b,a.0.b,a.0.b.c`, `{"a":[{"b":{"c":1}},{"b":2}]}`, `{"a":[{"b":"***"},{"b":"***"}]}`},
-		// Spacing and order are kept; only the masked values change.
-		{`a.#.b`, " { \"z\" : 1 ,\n \"a\" : [ { \"b\" : [ 1 , 2 ] } , 3 ] }\n", " { \"z\" : 1 ,\n \"a\" : [ { \"b\" : \"***\" } , 3 ] }\n"},
-		// Strings with escapes, numbers, literals as masked values.
-		{`s,n,t,z`, `{"s":"a\"b\u00e9","n":-1.5e3,"t":true,"z":null}`, `{"s":"***","n":"***","t":"***","z":"***"}`},
-		// A top-level scalar: nothing to mask.
-		{`a`, `"a"`, `"a"`},
-	} {
+	for _, tc := range redactPathCases {
 		got, err := redactValue(t, map[string]string{KeyRedactFields: tc.fields}, tc.in)
 		if err != nil || got != tc.want {
 			t.Errorf("%s on %s: %s, %v; want %s", tc.fields, tc.in, got, err, tc.want)
@@ -277,31 +322,14 @@ func TestRedactPathRefused(t *testing.T) {
 
 // The checks of checkJSON, in the same pass, with the byte offset.
 func TestRedactRefusesInvalid(t *testing.T) {
-	cfg := map[string]string{KeyRedactFields: "a", KeyJSONMaxDepth: "3"}
-	for _, tc := range []struct{ in, want string }{
-		{``, "not one JSON value but 0"},
-		{`  `, "not one JSON value but 0"},
-		{`1 2`, "more than one JSON value"},
-		{`{"a":1}{}`, "more than one JSON value"},
-		{`{"a":1} x`, "not valid JSON at byte 8"},
-		{`{"a":1`, "not valid JSON"},
-		{`{"a" 1}`, "not valid JSON at byte 5"},
-		{`{1:2}`, "not valid JSON at byte 1"},
-		{`[1,]`, "not valid JSON"},
-		{`{"a":[1}`, "not valid JSON"},
-		{"{\"a\":\"\xff\"}", "not valid JSON"},
-		{"{\"\xff\":1}", "not valid JSON"},
-		{`{"a":"\ud800"}`, "not valid JSON"},
-		{`[[[[1]]]]`, "deeper than json.max.depth=3 (at byte 4)"},
-		{`{"a":{"b":{"c":{}}}}`, "deeper than json.max.depth=3"},
-		{`{"a":1,"a":2}`, "ignoring case"},
-	} {
+	cfg := redactInvalidConfig
+	for _, tc := range redactInvalidCases {
 		_, err := redactValue(t, cfg, tc.in)
 		if !errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "cannot be redacted") {
 			t.Errorf("%q: %v, want INVALID_RECORD with %q", tc.in, err, tc.want)
 		}
 	}
-	for _, v := range []string{`[[[1]]]`, ` {"b":[{}]} `, `null`, `{"":1,"b":""}`} {
+	for _, v := range redactValidCases {
 		if _, err := redactValue(t, cfg, v); err != nil {
 			t.Errorf("%s: %v", v, err)
 		}

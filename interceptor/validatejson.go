@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ferrykit/ferry/internal/jsonvalue"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/twmb/franz-go/pkg/kerr"
 )
@@ -56,7 +57,7 @@ func newValidateJSON(_ context.Context, config map[string]string) (Instance, err
 			return Instance{}, fmt.Errorf("%s: %w", key, err)
 		}
 	}
-	maxDepth, err := parseJSONMaxDepth(config)
+	maxDepth, err := jsonvalue.ParseMaxDepth(config)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -66,7 +67,7 @@ func newValidateJSON(_ context.Context, config map[string]string) (Instance, err
 		}
 		// A streaming tokenizer first: the schema validator decodes
 		// recursively, one level per nesting level.
-		if err := checkJSON(r.Value, maxDepth); err != nil {
+		if err := jsonvalue.Check(r.Value, maxDepth); err != nil {
 			return err
 		}
 		if schema == nil {

@@ -103,6 +103,8 @@ type Metrics struct {
 
 	icMu  sync.Mutex
 	icObs map[[2]string]prometheus.Observer
+
+	wasmFailures *prometheus.CounterVec // module, direction, kind
 }
 
 // topicSeries are one topic's label children, made once.
@@ -154,6 +156,9 @@ func NewMetrics(reg prometheus.Registerer, o MetricsOptions) (*Metrics, error) {
 	m.rejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_interceptor_rejections_total",
 		Help: "Partitions the interceptors refused (produce) or failed (fetch), by topic, direction and reason (the Kafka error code's name, e.g. MESSAGE_TOO_LARGE, INVALID_RECORD, KAFKA_STORAGE_ERROR)."},
 		[]string{"topic", "direction", "reason"})
+	m.wasmFailures = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_wasm_failures_total",
+		Help: "Calls of a WebAssembly interceptor module that failed their partition, by module (file name), direction (produce, fetch, init) and kind (trap, timeout, memory, bad_pointer, output_too_large, malformed_output, init); the instance was replaced."},
+		[]string{"module", "direction", "kind"})
 	if reg != nil {
 		for _, c := range m.Collectors() {
 			if err := reg.Register(c); err != nil {
@@ -169,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer, o MetricsOptions) (*Metrics, error) {
 // itself.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.offloadedRecords, m.offloadedBytes, m.resolvedRecords, m.resolvedBytes,
-		m.deliveredRecords, m.deliveredBytes, m.storeOps, m.storeSeconds, m.icSeconds, m.rejections}
+		m.deliveredRecords, m.deliveredBytes, m.storeOps, m.storeSeconds, m.icSeconds, m.rejections, m.wasmFailures}
 }
 
 // labelValue is v as a Prometheus label value: bytes that are not UTF-8
@@ -308,4 +313,13 @@ func (m *Metrics) InterceptorObserver(name, direction string) prometheus.Observe
 		m.icObs[k] = o
 	}
 	return o
+}
+
+// WasmFailure counts a failed call of WebAssembly module (its file name)
+// in direction, of kind (see ferry_wasm_failures_total's help).
+func (m *Metrics) WasmFailure(module, direction, kind string) {
+	if m == nil {
+		return
+	}
+	m.wasmFailures.WithLabelValues(labelValue(module), labelValue(direction), labelValue(kind)).Inc()
 }

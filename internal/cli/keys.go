@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/interceptor/wasm" // registers the wasm interceptor
 	"github.com/ferrykit/ferry/internal/kafkaconf"
 	"github.com/ferrykit/ferry/largemessage"
 )
@@ -27,7 +28,7 @@ func clientKeys() []string {
 // interceptorKeys are the properties the proxy's built-in interceptors read
 // (ferry proxy --interceptors NAME with -X).
 func interceptorKeys() []string {
-	return slices.Concat(interceptor.Keys(), largemessage.Keys(), []string{
+	return slices.Concat(interceptor.Keys(), largemessage.Keys(), wasm.Keys(), []string{
 		"key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
 		largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval, largemessage.KeyCompressionType,
 		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",

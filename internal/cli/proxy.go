@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/interceptor/wasm"
 	"github.com/ferrykit/ferry/internal/props"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/observe"
@@ -143,7 +144,7 @@ that need a restart are named in a warning).`,
 	f.StringVar(&tracingEndpoint, "tracing-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces ("+observe.KeyTracingEndpoint+"; default: the OTEL_EXPORTER_OTLP_* variables)")
 	f.IntVar(&metricsMaxTopics, "metrics-max-topics", observe.DefaultMaxTopics, "distinct topic label values of the per-topic metrics; later topics count as \"other\" ("+observe.KeyMetricsMaxTopics+")")
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
-	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact, encrypt (configured with -X key=value; docs/INTERCEPTORS.md)")
+	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact, encrypt, wasm (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
 	// The proxy's own --log-level, in place of the root's (warn): a server
 	// logs its listeners, endpoint changes and shutdown at info.
@@ -285,7 +286,8 @@ func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[st
 			return nil, nil, usageErrorf("-X interceptors: name them with --interceptors, or list them in the --config file")
 		case slices.Contains(proxyKeys, k):
 			own[k] = p[k]
-		case slices.Contains(icKeys, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
+		case slices.Contains(icKeys, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level") ||
+			strings.HasPrefix(k, wasm.KeyConfigPrefix):
 			if !interceptorsFlag {
 				return nil, nil, usageErrorf("-X %s configures the interceptors --interceptors names, and none is named: "+
 					"add --interceptors NAME, or set it in the config map of an interceptor of the --config file", k)

@@ -1,4 +1,4 @@
-package interceptor
+package jsonvalue
 
 import (
 	"bytes"
@@ -7,25 +7,76 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/twmb/franz-go/pkg/kerr"
 )
 
-// redactor masks the configured fields of JSON values in one pass over
+// Redactor masks the configured fields of JSON values in one pass over
 // each value: a streaming tokenizer (jsontext, iterative) reads the value
 // once, follows the path of each position in the trie of configured
 // fields, and notes the byte span of every value a field names; the output
 // is the input with those spans replaced by the mask. The same pass
-// refuses what checkJSON refuses (not exactly one JSON value, invalid
+// refuses what Check refuses (not exactly one JSON value, invalid
 // UTF-8, nesting deeper than maxDepth), and an object with a member name
 // twice, compared case-insensitively unless fold is false. Work is linear
 // in the value's size, and ctx is looked at every redactCheckEvery tokens.
-type redactor struct {
+// A Redactor is safe for concurrent use.
+type Redactor struct {
 	root     *pathNode
 	fold     bool // names are compared case-insensitively
 	maxDepth int
 	mask     []byte // the mask, as a JSON string
+}
+
+// Configuration keys of redact (interceptor.KeyRedactFields and the
+// others are the same keys; their docs there are the reference).
+const (
+	KeyRedactFields        = "redact.fields"
+	KeyRedactMask          = "redact.mask"
+	KeyRedactCaseSensitive = "redact.case.sensitive"
+)
+
+// NewRedactor reads redact's configuration (KeyRedactFields, required;
+// KeyRedactMask, default "***"; KeyRedactCaseSensitive, default false;
+// KeyMaxDepth, default DefaultMaxDepth) and returns its Redactor, or an
+// error naming the key at fault. Other keys are ignored.
+func NewRedactor(config map[string]string) (*Redactor, error) {
+	var fields []string
+	for f := range strings.SplitSeq(config[KeyRedactFields], ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			fields = append(fields, f)
+		}
+	}
+	if len(fields) == 0 {
+		return nil, fmt.Errorf("%s: name at least one JSON field path, e.g. user.email", KeyRedactFields)
+	}
+	caseSensitive := false
+	if v := strings.TrimSpace(config[KeyRedactCaseSensitive]); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q is not true or false", KeyRedactCaseSensitive, config[KeyRedactCaseSensitive])
+		}
+		caseSensitive = b
+	}
+	root, err := compileRedactPaths(fields, !caseSensitive)
+	if err != nil {
+		return nil, err
+	}
+	mask := "***"
+	if m, ok := config[KeyRedactMask]; ok {
+		mask = m
+	}
+	quoted, err := jsontext.AppendQuote(nil, mask)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %q is not valid UTF-8", KeyRedactMask, mask)
+	}
+	maxDepth, err := ParseMaxDepth(config)
+	if err != nil {
+		return nil, err
+	}
+	return &Redactor{root: root, fold: !caseSensitive, maxDepth: maxDepth, mask: quoted}, nil
 }
 
 // redactCheckEvery is how many tokens redact reads between two looks at
@@ -39,19 +90,41 @@ const redactLinearNames = 16
 // span is the byte range [start, end) of one value to mask.
 type span struct{ start, end int }
 
-// redact returns b with the configured fields masked, or b itself when no
-// field is present.
-func (rd *redactor) redact(ctx context.Context, b []byte) ([]byte, error) {
+// Redact returns b with the configured fields masked, or b itself (the
+// same slice) when no field is present; it never writes into b. A value
+// that is not one JSON value, or breaks a bound, gives an error wrapping
+// kerr.InvalidRecord that ends "so it cannot be redacted"; a ctx that ends
+// gives ctx's error (wrapped, with the byte reached). A nil b is not JSON:
+// the interceptors pass a null value before calling Redact.
+func (rd *Redactor) Redact(ctx context.Context, b []byte) ([]byte, error) {
 	spans, err := rd.spans(ctx, b)
+	if errors.Is(err, kerr.InvalidRecord) {
+		return b, fmt.Errorf("%w, so it cannot be redacted", err)
+	}
 	if err != nil || len(spans) == 0 {
 		return b, err
 	}
 	return rd.apply(b, spans), nil
 }
 
+// Span is the byte range [Start, End) of one value Redact masks.
+type Span struct{ Start, End int }
+
+// Spans returns the spans of b that Redact replaces by the mask, in order
+// and disjoint, or the error Redact gives (without its "so it cannot be
+// redacted"). For tests that check the output against the input.
+func (rd *Redactor) Spans(ctx context.Context, b []byte) ([]Span, error) {
+	spans, err := rd.spans(ctx, b)
+	out := make([]Span, len(spans))
+	for i, sp := range spans {
+		out[i] = Span{sp.start, sp.end}
+	}
+	return out, err
+}
+
 // apply returns a new slice: b with each span replaced by the mask.
 // spans are in order and disjoint.
-func (rd *redactor) apply(b []byte, spans []span) []byte {
+func (rd *Redactor) apply(b []byte, spans []span) []byte {
 	n := len(b)
 	for _, sp := range spans {
 		n += len(rd.mask) - (sp.end - sp.start)
@@ -80,7 +153,7 @@ type redactFrame struct {
 
 // redactScan is the state of one pass.
 type redactScan struct {
-	rd      *redactor
+	rd      *Redactor
 	frames  []redactFrame // frames[:depth] are open
 	depth   int
 	arena   []byte // the member names of the open objects (folded when rd.fold)
@@ -96,7 +169,7 @@ type redactScan struct {
 
 // spans reads b and returns the spans of the values to mask, in order,
 // disjoint; errors wrap kerr.InvalidRecord, or ctx's error.
-func (rd *redactor) spans(ctx context.Context, b []byte) ([]span, error) {
+func (rd *Redactor) spans(ctx context.Context, b []byte) ([]span, error) {
 	s := redactScan{rd: rd, root: []*pathNode{rd.root}}
 	// A bytes.Reader: the decoder reads into its own buffer and never
 	// writes into b (which aliases the request).

@@ -1,0 +1,2 @@
+;; Hostile: a module that exports nothing.
+(module (memory 1) (func $f))
