@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
@@ -81,4 +82,111 @@ func TestConfirm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// quarantine moves the object at fullPath to a gc quarantine folder as
+// ferry gc does (ObjectStore.Move: a sealed object moves as it is) and
+// returns its quarantine key.
+func quarantine(t *testing.T, s payloadstore.PayloadStore, fullPath string) (key, qkey string) {
+	t.Helper()
+	ops, err := payloadstore.Objects(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, kp, err := ops.Root().KeyOf(fullPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qkey = kp.Topic + "/.ferry-gc/q/20260101T000000.000000000Z-00000000/" + strings.TrimPrefix(key, kp.Topic+"/")
+	if err := ops.Move(context.Background(), key, qkey); err != nil {
+		t.Fatal(err)
+	}
+	return key, qkey
+}
+
+// An encrypted store: gc moves the sealed object as it is, and Confirm
+// copies it back to its key, where it opens (the seal is bound to that
+// key), without the producer's bytes.
+func TestConfirmEncryptedQuarantine(t *testing.T) {
+	ctx := context.Background()
+	for name, open := range map[string]func(*testing.T) payloadstore.PayloadStore{"mem": openMem, "file": openFile} {
+		t.Run(name, func(t *testing.T) {
+			s := encrypt(t, open(t), envelope.Config{KeyURL: randomKeyURL()}, false)
+			body := []byte("a sealed payload that gc quarantined")
+			resp, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			quarantine(t, s, resp.FullPayloadPath)
+			c, err := payloadstore.Confirm(ctx, s, resp.FullPayloadPath, nil)
+			if err != nil || c != payloadstore.RestoredFromQuarantine {
+				t.Fatalf("Confirm of a quarantined sealed object: %v %v, want restored from quarantine", c, err)
+			}
+			if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || !bytes.Equal(got, body) {
+				t.Fatalf("after the copy back: %q %v", got, err)
+			}
+		})
+	}
+}
+
+// An object in quarantine whose bytes are not the record's (a stray or
+// damaged copy) is never brought back: Confirm republishes the producer's
+// bytes, or reports ErrPayloadLost and leaves the key empty. A content id
+// names its digest.
+func TestConfirmWrongBytesInQuarantine(t *testing.T) {
+	ctx := context.Background()
+	cid := payloadstore.Options{IDGenerator: payloadstore.IDSHA256{}}
+	for name, open := range map[string]func(*testing.T) payloadstore.PayloadStore{
+		"file": func(t *testing.T) payloadstore.PayloadStore { return openOpts(t, "file://"+t.TempDir(), cid) },
+		"mem":  func(t *testing.T) payloadstore.PayloadStore { return openOpts(t, "mem://confirm-cid-"+t.Name(), cid) },
+		"encrypted": func(t *testing.T) payloadstore.PayloadStore {
+			return encrypt(t, openOpts(t, "mem://confirm-cid-"+t.Name(), cid), envelope.Config{KeyURL: randomKeyURL()}, false)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := open(t)
+			ops, err := payloadstore.Objects(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := []byte("the record's payload, named by its digest")
+			resp, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := resp.FullPayloadPath
+			key, qkey := quarantine(t, s, path)
+			// The quarantined copy is damaged (same key, other bytes).
+			if err := ops.Put(ctx, qkey, []byte("other bytes, same name")); err != nil {
+				t.Fatal(err)
+			}
+			_, err = payloadstore.Confirm(ctx, s, path, nil)
+			if !errors.Is(err, payloadstore.ErrPayloadLost) {
+				t.Errorf("Confirm without the bytes: %v, want ErrPayloadLost", err)
+			}
+			if _, err := ops.Stat(ctx, key); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
+				t.Errorf("the damaged copy was brought back to %s (%v)", key, err)
+			}
+			c, err := payloadstore.Confirm(ctx, s, path, func(ctx context.Context) error {
+				_, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+				return err
+			})
+			if err != nil || c != payloadstore.Republished {
+				t.Fatalf("Confirm with the bytes: %v %v, want republished", c, err)
+			}
+			if got, err := payloadstore.DownloadBytes(ctx, s, path); err != nil || !bytes.Equal(got, body) {
+				t.Fatalf("after Confirm: %q %v, want the record's bytes", got, err)
+			}
+		})
+	}
+}
+
+func openOpts(t *testing.T, url string, o payloadstore.Options) payloadstore.PayloadStore {
+	t.Helper()
+	s, err := payloadstore.Open(context.Background(), url, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
