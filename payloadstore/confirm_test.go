@@ -3,6 +3,7 @@ package payloadstore_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"strings"
 	"testing"
@@ -36,7 +37,7 @@ func TestConfirm(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c, err := payloadstore.Confirm(ctx, s, path, nil); err != nil || c != payloadstore.Present {
+			if c, err := payloadstore.Confirm(ctx, s, path, nil, nil); err != nil || c != payloadstore.Present {
 				t.Fatalf("object at its key: %v %v", c, err)
 			}
 
@@ -45,7 +46,7 @@ func TestConfirm(t *testing.T) {
 			if err := ops.Move(ctx, key, qkey); err != nil {
 				t.Fatal(err)
 			}
-			if c, err := payloadstore.Confirm(ctx, s, path, nil); err != nil || c != payloadstore.RestoredFromQuarantine {
+			if c, err := payloadstore.Confirm(ctx, s, path, nil, nil); err != nil || c != payloadstore.RestoredFromQuarantine {
 				t.Fatalf("object in quarantine: %v %v", c, err)
 			}
 			if got, err := payloadstore.DownloadBytes(ctx, s, path); err != nil || !bytes.Equal(got, body) {
@@ -62,12 +63,12 @@ func TestConfirm(t *testing.T) {
 			if err := ops.Remove(ctx, key); err != nil {
 				t.Fatal(err)
 			}
-			_, err = payloadstore.Confirm(ctx, s, path, nil)
+			_, err = payloadstore.Confirm(ctx, s, path, nil, nil)
 			if !errors.Is(err, payloadstore.ErrPayloadLost) || !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 				t.Fatalf("gone, no bytes: %v, want ErrPayloadLost", err)
 			}
 			republished := false
-			c, err := payloadstore.Confirm(ctx, s, path, func(ctx context.Context) error {
+			c, err := payloadstore.Confirm(ctx, s, path, nil, func(ctx context.Context) error {
 				republished = true
 				return ops.Put(ctx, key, body)
 			})
@@ -77,7 +78,7 @@ func TestConfirm(t *testing.T) {
 			if got, err := payloadstore.DownloadBytes(ctx, s, path); err != nil || !bytes.Equal(got, body) {
 				t.Fatalf("after republishing: %v", err)
 			}
-			if _, err := payloadstore.Confirm(ctx, s, "file:///elsewhere/orders/00/x", nil); !errors.Is(err, payloadstore.ErrInvalidPath) {
+			if _, err := payloadstore.Confirm(ctx, s, "file:///elsewhere/orders/00/x", nil, nil); !errors.Is(err, payloadstore.ErrInvalidPath) {
 				t.Fatalf("a path outside the store: %v", err)
 			}
 		})
@@ -118,7 +119,7 @@ func TestConfirmEncryptedQuarantine(t *testing.T) {
 				t.Fatal(err)
 			}
 			quarantine(t, s, resp.FullPayloadPath)
-			c, err := payloadstore.Confirm(ctx, s, resp.FullPayloadPath, nil)
+			c, err := payloadstore.Confirm(ctx, s, resp.FullPayloadPath, nil, nil)
 			if err != nil || c != payloadstore.RestoredFromQuarantine {
 				t.Fatalf("Confirm of a quarantined sealed object: %v %v, want restored from quarantine", c, err)
 			}
@@ -132,7 +133,8 @@ func TestConfirmEncryptedQuarantine(t *testing.T) {
 // An object in quarantine whose bytes are not the record's (a stray or
 // damaged copy) is never brought back: Confirm republishes the producer's
 // bytes, or reports ErrPayloadLost and leaves the key empty. A content id
-// names its digest.
+// names its digest; a random id is checked against the digest the producer
+// gives (the "-uuid" stores).
 func TestConfirmWrongBytesInQuarantine(t *testing.T) {
 	ctx := context.Background()
 	cid := payloadstore.Options{IDGenerator: payloadstore.IDSHA256{}}
@@ -142,6 +144,11 @@ func TestConfirmWrongBytesInQuarantine(t *testing.T) {
 		"encrypted": func(t *testing.T) payloadstore.PayloadStore {
 			return encrypt(t, openOpts(t, "mem://confirm-cid-"+t.Name(), cid), envelope.Config{KeyURL: randomKeyURL()}, false)
 		},
+		"file-uuid": openFile,
+		"mem-uuid":  openMem,
+		"encrypted-uuid": func(t *testing.T) payloadstore.PayloadStore {
+			return encrypt(t, openMem(t), envelope.Config{KeyURL: randomKeyURL()}, false)
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := open(t)
@@ -150,6 +157,10 @@ func TestConfirmWrongBytesInQuarantine(t *testing.T) {
 				t.Fatal(err)
 			}
 			body := []byte("the record's payload, named by its digest")
+			var want *payloadstore.Digest
+			if strings.HasSuffix(name, "-uuid") {
+				want = &payloadstore.Digest{Size: int64(len(body)), SHA256: sha256.Sum256(body)}
+			}
 			resp, err := payloadstore.PublishBytes(ctx, s, "orders", body)
 			if err != nil {
 				t.Fatal(err)
@@ -160,15 +171,21 @@ func TestConfirmWrongBytesInQuarantine(t *testing.T) {
 			if err := ops.Put(ctx, qkey, []byte("other bytes, same name")); err != nil {
 				t.Fatal(err)
 			}
-			_, err = payloadstore.Confirm(ctx, s, path, nil)
+			_, err = payloadstore.Confirm(ctx, s, path, want, nil)
 			if !errors.Is(err, payloadstore.ErrPayloadLost) {
 				t.Errorf("Confirm without the bytes: %v, want ErrPayloadLost", err)
 			}
 			if _, err := ops.Stat(ctx, key); !errors.Is(err, payloadstore.ErrPayloadNotFound) {
 				t.Errorf("the damaged copy was brought back to %s (%v)", key, err)
 			}
-			c, err := payloadstore.Confirm(ctx, s, path, func(ctx context.Context) error {
-				_, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+			c, err := payloadstore.Confirm(ctx, s, path, want, func(ctx context.Context) error {
+				kp, err := payloadstore.PathKey(path)
+				if err != nil {
+					return err
+				}
+				p := payloadstore.BytesPayload(body)
+				p.ID = kp.ID
+				_, err = s.Publish(ctx, "orders", p)
 				return err
 			})
 			if err != nil || c != payloadstore.Republished {
