@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ferrykit/ferry/envelope"
+	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
@@ -110,9 +111,20 @@ func quarantine(t *testing.T, s payloadstore.PayloadStore, fullPath string) (key
 // key), without the producer's bytes.
 func TestConfirmEncryptedQuarantine(t *testing.T) {
 	ctx := context.Background()
-	for name, open := range map[string]func(*testing.T) payloadstore.PayloadStore{"mem": openMem, "file": openFile} {
+	for name, open := range map[string]func(*testing.T) payloadstore.PayloadStore{
+		"mem": func(t *testing.T) payloadstore.PayloadStore {
+			return encrypt(t, openMem(t), envelope.Config{KeyURL: randomKeyURL()}, false)
+		},
+		"file": func(t *testing.T) payloadstore.PayloadStore {
+			return encrypt(t, openFile(t), envelope.Config{KeyURL: randomKeyURL()}, false)
+		},
+		"s3+awskms": func(t *testing.T) payloadstore.PayloadStore {
+			kms := storetest.KMSKeyURL(t, "")
+			return encrypt(t, openURL(t, s3URL(t, "ferry-confirm")), envelope.Config{KeyURL: kms}, false)
+		},
+	} {
 		t.Run(name, func(t *testing.T) {
-			s := encrypt(t, open(t), envelope.Config{KeyURL: randomKeyURL()}, false)
+			s := open(t)
 			body := []byte("a sealed payload that gc quarantined")
 			resp, err := payloadstore.PublishBytes(ctx, s, "orders", body)
 			if err != nil {
@@ -143,6 +155,13 @@ func TestConfirmWrongBytesInQuarantine(t *testing.T) {
 		"mem":  func(t *testing.T) payloadstore.PayloadStore { return openOpts(t, "mem://confirm-cid-"+t.Name(), cid) },
 		"encrypted": func(t *testing.T) payloadstore.PayloadStore {
 			return encrypt(t, openOpts(t, "mem://confirm-cid-"+t.Name(), cid), envelope.Config{KeyURL: randomKeyURL()}, false)
+		},
+		"s3": func(t *testing.T) payloadstore.PayloadStore {
+			return openOpts(t, s3URL(t, "ferry-confirm"), cid)
+		},
+		"s3+awskms-uuid": func(t *testing.T) payloadstore.PayloadStore {
+			kms := storetest.KMSKeyURL(t, "")
+			return encrypt(t, openURL(t, s3URL(t, "ferry-confirm")), envelope.Config{KeyURL: kms}, false)
 		},
 		"file-uuid": openFile,
 		"mem-uuid":  openMem,
