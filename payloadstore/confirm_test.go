@@ -226,3 +226,33 @@ func openOpts(t *testing.T, url string, o payloadstore.Options) payloadstore.Pay
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// Two quarantine folders hold a copy of the object, the first listed one
+// damaged: Confirm brings back the good one, even without the producer's
+// bytes (a touch-rebound record has none).
+func TestConfirmSkipsDamagedCopy(t *testing.T) {
+	ctx := context.Background()
+	s := openFile(t)
+	ops, err := payloadstore.Objects(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("the record's payload")
+	resp, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, qkey := quarantine(t, s, resp.FullPayloadPath)
+	damaged := strings.Replace(qkey, "20260101T000000.000000000Z-00000000", "00000000T000000.000000000Z-00000000", 1)
+	if err := ops.Put(ctx, damaged, []byte("damaged")); err != nil {
+		t.Fatal(err)
+	}
+	want := &payloadstore.Digest{Size: int64(len(body)), SHA256: sha256.Sum256(body)}
+	c, err := payloadstore.Confirm(ctx, s, resp.FullPayloadPath, want, nil)
+	if err != nil || c != payloadstore.RestoredFromQuarantine {
+		t.Fatalf("Confirm: %v %v, want the good copy restored", c, err)
+	}
+	if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("at %s: %q %v", key, got, err)
+	}
+}
