@@ -54,8 +54,9 @@ var ErrPayloadLost = fmt.Errorf("%w: deleted before the record's acknowledgement
 //  1. Stats the key: there, done (Present). (A gc run that moves the
 //     object after this sees the acknowledged record in its read or its
 //     recheck: it is below the high watermark the recheck reads to.)
-//  2. Looks for the object in the topic's quarantine folders, reads the
-//     copy there as Download would read it at its key (a sealed object
+//  2. Looks for the object in the topic's quarantine folders (up to 8
+//     copies, one per gc run), reads each copy as Download would read it at
+//     its key (a sealed object
 //     opens under its own key) and, when its size and SHA-256 are want's
 //     (a content id names its SHA-256 when want is nil; with neither, an
 //     encrypted store still authenticates it), copies it back as it is
@@ -84,28 +85,31 @@ func Confirm(ctx context.Context, s PayloadStore, fullPath string, want *Digest,
 	} else if !errors.Is(err, ErrPayloadNotFound) {
 		return Present, err
 	}
-	if q, err := findInQuarantine(ctx, ops, key, kp.Topic); err != nil {
+	qs, err := findInQuarantine(ctx, ops, key, kp.Topic)
+	if err != nil {
 		return Present, err
-	} else if q != "" {
-		if want == nil && isHexDigest(kp.ID) {
-			want = &Digest{Size: -1}
-			_, _ = hex.Decode(want.SHA256[:], []byte(kp.ID))
-		}
+	}
+	if want == nil && isHexDigest(kp.ID) {
+		want = &Digest{Size: -1}
+		_, _ = hex.Decode(want.SHA256[:], []byte(kp.ID))
+	}
+	for _, q := range qs {
 		ok, err := quarantinedIs(ctx, s, q, key, want)
 		if err != nil && !errors.Is(err, ErrPayloadNotFound) {
 			return Present, fmt.Errorf("confirming %s: reading its quarantined copy %s: %w", fullPath, q, err)
 		}
-		if ok {
-			raw := ops
-			if e, isEnc := Unwrap(s).(*encryptedStore); isEnc {
-				raw = e.objs // the seal is bound to key: copied as it is
-			}
-			if err := raw.Copy(ctx, q, key); err == nil {
-				return RestoredFromQuarantine, nil
-			}
+		if !ok {
+			continue // gone meanwhile, or not the record's bytes
 		}
-		// Gone meanwhile (gc restored or deleted it), or not the
-		// record's bytes: see below.
+		raw := ops
+		if e, isEnc := Unwrap(s).(*encryptedStore); isEnc {
+			raw = e.objs // the seal is bound to key: copied as it is
+		}
+		if err := raw.Copy(ctx, q, key); err == nil {
+			return RestoredFromQuarantine, nil
+		}
+		// Gone meanwhile (gc restored or deleted it): see below.
+		break
 	}
 	if _, err := ops.Stat(ctx, key); err == nil {
 		return Present, nil // restored by gc
@@ -176,27 +180,33 @@ func quarantinedIs(ctx context.Context, s PayloadStore, qkey, key string, want *
 // errFound stops a listing.
 var errFound = errors.New("found")
 
-// findInQuarantine returns the key of the object at key in one of the
-// topic's gc quarantine folders ("<topic>/.ferry-gc/q/<run>/<rest>", where
-// key is "<topic>/<rest>"), or "".
-func findInQuarantine(ctx context.Context, ops ObjectStore, key, topic string) (string, error) {
+// findInQuarantine returns the keys of the copies of the object at key in
+// the topic's gc quarantine folders ("<topic>/.ferry-gc/q/<run>/<rest>",
+// where key is "<topic>/<rest>"), at most maxQuarantineCopies.
+func findInQuarantine(ctx context.Context, ops ObjectStore, key, topic string) ([]string, error) {
 	prefix, err := GCPrefix(topic)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	prefix += "q/"
 	rest := strings.TrimPrefix(key, topic+"/")
-	var found string
+	var found []string
 	err = ops.ListKeys(ctx, prefix, func(k string, _ ObjectInfo) error {
 		_, r, ok := strings.Cut(strings.TrimPrefix(k, prefix), "/")
 		if ok && r == rest {
-			found = k
-			return errFound
+			found = append(found, k)
+			if len(found) == maxQuarantineCopies {
+				return errFound
+			}
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errFound) {
-		return "", err
+		return nil, err
 	}
 	return found, nil
 }
+
+// maxQuarantineCopies bounds the quarantined copies of one object Confirm
+// reads (one per gc run that quarantined it; more is stray content).
+const maxQuarantineCopies = 8
