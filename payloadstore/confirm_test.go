@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ferrykit/ferry/envelope"
@@ -254,5 +255,69 @@ func TestConfirmSkipsDamagedCopy(t *testing.T) {
 	}
 	if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || !bytes.Equal(got, body) {
 		t.Fatalf("at %s: %q %v", key, got, err)
+	}
+}
+
+// Several producers confirm one content-id object (shared by their
+// records) at once, while gc restores it from quarantine: every Confirm
+// succeeds and the object holds its bytes.
+func TestConfirmConcurrentContentID(t *testing.T) {
+	ctx := context.Background()
+	cid := payloadstore.Options{IDGenerator: payloadstore.IDSHA256{}}
+	for name, open := range map[string]func(*testing.T) payloadstore.PayloadStore{
+		"file": func(t *testing.T) payloadstore.PayloadStore { return openOpts(t, "file://"+t.TempDir(), cid) },
+		"mem":  func(t *testing.T) payloadstore.PayloadStore { return openOpts(t, "mem://confirm-conc-"+t.Name(), cid) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := open(t)
+			ops, _ := payloadstore.Objects(s)
+			body := []byte("shared by several records")
+			for round := range 20 {
+				resp, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				key, qkey := quarantine(t, s, resp.FullPayloadPath)
+				var wg sync.WaitGroup
+				errs := make(chan error, 9)
+				for range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						_, err := payloadstore.Confirm(ctx, s, resp.FullPayloadPath, nil, func(ctx context.Context) error {
+							_, err := payloadstore.PublishBytes(ctx, s, "orders", body)
+							return err
+						})
+						errs <- err
+					}()
+				}
+				wg.Add(1)
+				go func() { // gc's restore
+					defer wg.Done()
+					if _, err := ops.Stat(ctx, key); err == nil {
+						errs <- ops.Remove(ctx, qkey)
+						return
+					}
+					if err := ops.Move(ctx, qkey, key); err != nil {
+						if _, serr := ops.Stat(ctx, key); serr != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					if err != nil {
+						t.Fatalf("round %d: %v", round, err)
+					}
+				}
+				if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || !bytes.Equal(got, body) {
+					t.Fatalf("round %d: %q %v", round, got, err)
+				}
+				_ = ops.Remove(ctx, qkey)
+			}
+		})
 	}
 }
