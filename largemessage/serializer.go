@@ -540,8 +540,8 @@ func (p *Plan) Abort(ctx context.Context) {
 // own bytes, not a copy) until Confirm returns.
 func (p *Plan) Confirm(ctx context.Context) (int, error) {
 	n := 0
-	check := func(path string, again func(context.Context) error) error {
-		c, err := payloadstore.Confirm(ctx, p.s.store, path, again)
+	check := func(path string, want *payloadstore.Digest, again func(context.Context) error) error {
+		c, err := payloadstore.Confirm(ctx, p.s.store, path, want, again)
 		if err != nil {
 			return fmt.Errorf("topic %s: the record was acknowledged but its payload %s is gone: %w", p.rec.Topic, path, err)
 		}
@@ -554,8 +554,10 @@ func (p *Plan) Confirm(ctx context.Context) (int, error) {
 	}
 	for i, path := range p.published {
 		var again func(context.Context) error
+		var want *payloadstore.Digest
 		if i < len(p.sides) {
 			sp := p.sides[i]
+			want = &payloadstore.Digest{Size: sp.p.Size, SHA256: sp.p.SHA256}
 			again = func(ctx context.Context) error {
 				// The bytes must still be the payload's (a caller's
 				// buffer reused since would publish something else).
@@ -579,7 +581,7 @@ func (p *Plan) Confirm(ctx context.Context) (int, error) {
 				return nil
 			}
 		}
-		if err := check(path, again); err != nil {
+		if err := check(path, want, again); err != nil {
 			return n, err
 		}
 	}
@@ -588,7 +590,7 @@ func (p *Plan) Confirm(ctx context.Context) (int, error) {
 		if rb.Src != rb.Dst {
 			again = func(ctx context.Context) error { return rb.Do(ctx, p.s.store) }
 		}
-		if err := check(rb.Path, again); err != nil {
+		if err := check(rb.Path, nil, again); err != nil {
 			return n, err
 		}
 	}

@@ -106,7 +106,9 @@
 // A run that stops after moving (crash, kill, cancelled context) leaves its
 // folder. The next run lists such folders before it lists the store, and
 // finishes them with the same rule, reading from the smallest E1 of all
-// folders; a folder without a readable manifest is restored whole. When the
+// folders; a folder without a readable manifest is restored whole, and one
+// whose manifest names offsets past the partitions' ends (damaged: no run
+// reads past a high watermark) is rechecked from the topic's start. When the
 // recheck read fails (stall, corrupt reference), every quarantined object is
 // restored and nothing is deleted.
 //
@@ -635,10 +637,27 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 		if lr.manifest != nil {
 			runs[lr.run] = true
 			le1 = lr.manifest.E1
-			if le1 == nil || (lr.manifest.TopicID != "" && topicID != "" && lr.manifest.TopicID != topicID) {
-				le1 = offsets{} // another incarnation of the topic: from its start
+			if le1 == nil || (lr.manifest.TopicID != "" && topicID != "" && lr.manifest.TopicID != topicID) || beyond(le1, hw) {
+				// Another incarnation of the topic, or offsets no run
+				// could have read to (a damaged manifest): from its start.
+				le1 = offsets{}
 			}
-			lme1 = lr.manifest.Mirrors
+			for m, me := range lr.manifest.Mirrors {
+				if !slices.Contains(o.Mirrors, m) {
+					continue // not read by this run
+				}
+				ends, err := listOffsets(ctx, m, "end offsets", adm.ListEndOffsets)
+				if err != nil || beyond(me, ends) {
+					if lme1 == nil {
+						lme1 = map[string]offsets{}
+					}
+					continue // from the mirror's start
+				}
+				if lme1 == nil {
+					lme1 = map[string]offsets{}
+				}
+				lme1[m] = me
+			}
 		}
 		for _, q := range lr.objs {
 			q.e1, q.me1 = le1, lme1
@@ -656,6 +675,19 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 		wait = leftoversListed
 	}
 	return sum, r.finish(ctx, all, runs, wait.Add(settle))
+}
+
+// beyond reports whether e1 names an offset past a partition's end in ends
+// (or a partition ends does not have): no run reads past a high watermark,
+// so such a manifest is damaged, or of another incarnation of the topic.
+func beyond(e1, ends offsets) bool {
+	for p, off := range e1 {
+		end, ok := ends[p]
+		if !ok || off > end || off < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // run is the state of one Collect.

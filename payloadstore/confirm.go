@@ -2,9 +2,14 @@ package payloadstore
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
+
+	"github.com/ferrykit/ferry/envelope"
 )
 
 // Confirmation is what Confirm found and did.
@@ -49,9 +54,15 @@ var ErrPayloadLost = fmt.Errorf("%w: deleted before the record's acknowledgement
 //  1. Stats the key: there, done (Present). (A gc run that moves the
 //     object after this sees the acknowledged record in its read or its
 //     recheck: it is below the high watermark the recheck reads to.)
-//  2. Looks for the object in the topic's quarantine folders and copies it
-//     back (RestoredFromQuarantine); gc's own restore or delete of the
-//     quarantined copy then leaves the key alone.
+//  2. Looks for the object in the topic's quarantine folders (up to 8
+//     copies, one per gc run), reads each copy as Download would read it at
+//     its key (a sealed object
+//     opens under its own key) and, when its size and SHA-256 are want's
+//     (a content id names its SHA-256 when want is nil; with neither, an
+//     encrypted store still authenticates it), copies it back as it is
+//     (RestoredFromQuarantine); gc's own restore or delete of the
+//     quarantined copy then leaves the key alone. A copy with other bytes
+//     (damaged, or a stray file) is never brought back.
 //  3. Stats the key again (gc may have restored it meanwhile), then calls
 //     republish, when not nil, which must publish the same bytes at the same
 //     key (Republished).
@@ -60,7 +71,7 @@ var ErrPayloadLost = fmt.Errorf("%w: deleted before the record's acknowledgement
 // ErrInvalidPath for a path outside the store, and the store's errors. A
 // store without key-level operations (no ObjectStore) cannot be collected
 // by ferry gc: Present.
-func Confirm(ctx context.Context, s PayloadStore, fullPath string, republish func(context.Context) error) (Confirmation, error) {
+func Confirm(ctx context.Context, s PayloadStore, fullPath string, want *Digest, republish func(context.Context) error) (Confirmation, error) {
 	ops, err := Objects(s)
 	if err != nil {
 		return Present, nil
@@ -74,13 +85,31 @@ func Confirm(ctx context.Context, s PayloadStore, fullPath string, republish fun
 	} else if !errors.Is(err, ErrPayloadNotFound) {
 		return Present, err
 	}
-	if q, err := findInQuarantine(ctx, ops, key, kp.Topic); err != nil {
+	qs, err := findInQuarantine(ctx, ops, key, kp.Topic)
+	if err != nil {
 		return Present, err
-	} else if q != "" {
-		if err := ops.Copy(ctx, q, key); err == nil {
+	}
+	if want == nil && isHexDigest(kp.ID) {
+		want = &Digest{Size: -1}
+		_, _ = hex.Decode(want.SHA256[:], []byte(kp.ID))
+	}
+	for _, q := range qs {
+		ok, err := quarantinedIs(ctx, s, q, key, want)
+		if err != nil && !errors.Is(err, ErrPayloadNotFound) {
+			return Present, fmt.Errorf("confirming %s: reading its quarantined copy %s: %w", fullPath, q, err)
+		}
+		if !ok {
+			continue // gone meanwhile, or not the record's bytes
+		}
+		raw := ops
+		if e, isEnc := Unwrap(s).(*encryptedStore); isEnc {
+			raw = e.objs // the seal is bound to key: copied as it is
+		}
+		if err := raw.Copy(ctx, q, key); err == nil {
 			return RestoredFromQuarantine, nil
 		}
 		// Gone meanwhile (gc restored or deleted it): see below.
+		break
 	}
 	if _, err := ops.Stat(ctx, key); err == nil {
 		return Present, nil // restored by gc
@@ -96,30 +125,88 @@ func Confirm(ctx context.Context, s PayloadStore, fullPath string, republish fun
 	return Republished, nil
 }
 
+// Digest is the size (-1: unknown) and SHA-256 of an object's bytes as
+// Download returns them (the payload's, before any store encryption).
+type Digest struct {
+	Size   int64
+	SHA256 [sha256.Size]byte
+}
+
+// keyReader reads an object at its key as it is stored (the stores of this
+// package).
+type keyReader interface {
+	openKey(ctx context.Context, key string) (io.ReadCloser, error)
+}
+
+// quarantinedIs reports whether the object at qkey, read as Download would
+// read it at key (an encrypted store opens and authenticates it under key),
+// has want's size and digest. With want nil the whole object is read, so
+// that an encrypted store authenticates it.
+func quarantinedIs(ctx context.Context, s PayloadStore, qkey, key string, want *Digest) (bool, error) {
+	u := Unwrap(s)
+	e, enc := u.(*encryptedStore)
+	if enc {
+		u = Unwrap(e.PayloadStore)
+	}
+	kr, ok := u.(keyReader)
+	if !ok {
+		return false, nil
+	}
+	rc, err := kr.openKey(ctx, qkey)
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	var r io.Reader = rc
+	if enc {
+		if r, err = e.open(ctx, rc, key); err != nil {
+			return false, nil // not sealed under key: not the record's object
+		}
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	if err != nil {
+		if enc && (errors.Is(err, envelope.ErrAuthentication) || errors.Is(err, envelope.ErrFormat)) {
+			return false, nil
+		}
+		return false, err
+	}
+	if want == nil {
+		return true, nil
+	}
+	return (want.Size < 0 || n == want.Size) && [sha256.Size]byte(h.Sum(nil)) == want.SHA256, nil
+}
+
 // errFound stops a listing.
 var errFound = errors.New("found")
 
-// findInQuarantine returns the key of the object at key in one of the
-// topic's gc quarantine folders ("<topic>/.ferry-gc/q/<run>/<rest>", where
-// key is "<topic>/<rest>"), or "".
-func findInQuarantine(ctx context.Context, ops ObjectStore, key, topic string) (string, error) {
+// findInQuarantine returns the keys of the copies of the object at key in
+// the topic's gc quarantine folders ("<topic>/.ferry-gc/q/<run>/<rest>",
+// where key is "<topic>/<rest>"), at most maxQuarantineCopies.
+func findInQuarantine(ctx context.Context, ops ObjectStore, key, topic string) ([]string, error) {
 	prefix, err := GCPrefix(topic)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	prefix += "q/"
 	rest := strings.TrimPrefix(key, topic+"/")
-	var found string
+	var found []string
 	err = ops.ListKeys(ctx, prefix, func(k string, _ ObjectInfo) error {
 		_, r, ok := strings.Cut(strings.TrimPrefix(k, prefix), "/")
 		if ok && r == rest {
-			found = k
-			return errFound
+			found = append(found, k)
+			if len(found) == maxQuarantineCopies {
+				return errFound
+			}
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errFound) {
-		return "", err
+		return nil, err
 	}
 	return found, nil
 }
+
+// maxQuarantineCopies bounds the quarantined copies of one object Confirm
+// reads (one per gc run that quarantined it; more is stray content).
+const maxQuarantineCopies = 8

@@ -394,7 +394,7 @@ func (s *sender) confirmStreamed(ctx context.Context, rec *kgo.Record, f *os.Fil
 	if err != nil {
 		return nil
 	}
-	c, err := payloadstore.Confirm(context.WithoutCancel(ctx), s.store, path, func(ctx context.Context) error {
+	c, err := payloadstore.Confirm(context.WithoutCancel(ctx), s.store, path, &payloadstore.Digest{Size: size, SHA256: digest}, func(ctx context.Context) error {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
