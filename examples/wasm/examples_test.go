@@ -50,6 +50,9 @@ func rec(i int, value string) *interceptor.Record {
 
 func TestUppercase(t *testing.T) {
 	in := load(t, wasmtest.Go(t, "examples/wasm/uppercase"), nil)
+	if in.Fetch != nil {
+		t.Fatal("uppercase has no fetch function, but its ferry_sides did not keep it from fetch")
+	}
 	rs := []*interceptor.Record{rec(0, "hello"), rec(1, "Grüße"), rec(2, ""), rec(3, "SAME")}
 	rs[2].Value = nil
 	same := rs[3].Value

@@ -59,6 +59,7 @@ type module struct {
 	hasInit    bool
 	hasProduce bool
 	hasFetch   bool
+	hasSides   bool // exports ferry_sides
 	mem        *interceptor.Memory
 	metrics    *observe.Metrics
 	logs       *logWriter
@@ -127,6 +128,22 @@ func load(ctx context.Context, s settings, env interceptor.BuildEnv) (*module, e
 	if err != nil {
 		return fail(err)
 	}
+	if m.hasSides {
+		// A module may export both sides and use one (the Go SDK exports
+		// every function it has): ferry_sides, asked once after ferry_init,
+		// narrows them, so a side it does not use costs no call.
+		if err := in.mod.ExportedFunction(abi.SidesExport).CallWithStack(ictx, in.stack); err != nil {
+			m.discard(in)
+			return fail(m.failure("init", KindInit, fmt.Errorf("%s: %w", abi.SidesExport, describe(ictx, err))))
+		}
+		bits := uint32(in.stack[0])
+		m.hasProduce = m.hasProduce && bits&abi.SideProduce != 0
+		m.hasFetch = m.hasFetch && bits&abi.SideFetch != 0
+		if !m.hasProduce && !m.hasFetch {
+			m.discard(in)
+			return fail(fmt.Errorf("%s %s: %s reports no side it has a function for (%#x): it would do nothing", KeyModulePath, s.path, abi.SidesExport, bits))
+		}
+	}
 	m.put(in, true)
 	return m, nil
 }
@@ -147,6 +164,7 @@ func (m *module) checkExports() error {
 		{abi.InitExport, false, []api.ValueType{i32, i32}, []api.ValueType{i64}, &m.hasInit},
 		{abi.ProduceExport, false, []api.ValueType{i32, i32}, []api.ValueType{i64}, &m.hasProduce},
 		{abi.FetchExport, false, []api.ValueType{i32, i32}, []api.ValueType{i64}, &m.hasFetch},
+		{abi.SidesExport, false, nil, []api.ValueType{i32}, &m.hasSides},
 	}
 	for _, w := range want {
 		f, ok := fns[w.name]

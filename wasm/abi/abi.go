@@ -29,7 +29,12 @@ const (
 	InitExport    = "ferry_init"       // func(ptr, len i32) i64; optional
 	ProduceExport = "ferry_on_produce" // func(ptr, len i32) i64; optional
 	FetchExport   = "ferry_on_fetch"   // func(ptr, len i32) i64; optional
+	SidesExport   = "ferry_sides"      // func() i32; optional: bit 0 produce, bit 1 fetch, asked once after ferry_init
 	MemoryExport  = "memory"           // required
+
+	// SideProduce and SideFetch are the bits of SidesExport's result.
+	SideProduce = 1
+	SideFetch   = 2
 )
 
 // Action is what a module does with one record of a batch.
