@@ -226,8 +226,14 @@ const DefaultMaxInFlight = 512
 const DefaultFirstRequestTimeout = 10 * time.Second
 
 // maxConnectionsPerIPShare: max.connections.per.ip defaults to
-// max.connections / maxConnectionsPerIPShare.
-const maxConnectionsPerIPShare = 4
+// max.connections / maxConnectionsPerIPShare, but never below
+// min(max.connections, minConnectionsPerIP): a small max.connections (a
+// test, a sidecar) still serves one client host, which opens a bootstrap
+// connection plus one per broker.
+const (
+	maxConnectionsPerIPShare = 4
+	minConnectionsPerIP      = 64
+)
 
 // DefaultMaxConnections is max.connections' default for this process:
 // derived from the file-descriptor limit (RLIMIT_NOFILE, which Go raises
@@ -315,7 +321,7 @@ func (c *Config) setDefaults() {
 		c.MaxConnections = DefaultMaxConnections()
 	}
 	if c.MaxConnectionsPerIP == 0 {
-		c.MaxConnectionsPerIP = max(c.MaxConnections/maxConnectionsPerIPShare, 1)
+		c.MaxConnectionsPerIP = max(c.MaxConnections/maxConnectionsPerIPShare, min(c.MaxConnections, minConnectionsPerIP))
 	}
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight

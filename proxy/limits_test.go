@@ -78,11 +78,14 @@ func TestMaxConnectionsForFDs(t *testing.T) {
 	if c.FirstRequestTimeout != 10*time.Second || c.IdleTimeout != 10*time.Minute {
 		t.Fatalf("connections.first.request.timeout.ms %v, connections.max.idle.ms %v", c.FirstRequestTimeout, c.IdleTimeout)
 	}
-	// Given max.connections, the per-address share follows it.
-	c = Config{MaxConnections: 10}
-	c.setDefaults()
-	if c.MaxConnectionsPerIP != 2 {
-		t.Fatalf("max.connections.per.ip default with max.connections 10: %d, want 2", c.MaxConnectionsPerIP)
+	// Given max.connections, the per-address share follows it, but a small
+	// max.connections still lets one host use all of it up to 64.
+	for _, tc := range []struct{ max, perIP int }{{10, 10}, {64, 64}, {200, 64}, {256, 64}, {1000, 250}} {
+		c = Config{MaxConnections: tc.max}
+		c.setDefaults()
+		if c.MaxConnectionsPerIP != tc.perIP {
+			t.Fatalf("max.connections.per.ip default with max.connections %d: %d, want %d", tc.max, c.MaxConnectionsPerIP, tc.perIP)
+		}
 	}
 	c = Config{MaxConnections: 1}
 	c.setDefaults()
