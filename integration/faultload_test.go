@@ -197,13 +197,13 @@ func (l *faultLoad) ackedIn(phase string, p int32) int {
 
 // startConsumer reads the topic on seeds from its start: in group (a
 // consumer group, committing as it goes) or, with group "", every
-// partition without a group.
-func (l *faultLoad) startConsumer(seeds []string, group string) {
+// partition without a group; extra are more client options.
+func (l *faultLoad) startConsumer(seeds []string, group string, extra ...kgo.Opt) {
 	l.consumers.Add(1)
 	go func() {
 		defer l.consumers.Done()
-		opts := []kgo.Opt{kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(l.topic),
-			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(16 << 20)}
+		opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(l.topic),
+			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(16 << 20)}, extra...)
 		if group != "" {
 			// New partitions (a broker added) join the assignment at the
 			// next metadata refresh.

@@ -3,7 +3,8 @@ package integration
 // Fleet-shaped faults (issue 22, item 2): a real three-broker KRaft cluster
 // (scripts/kafka-broker with FERRY_KAFKA_NODES=3: replication factor 3,
 // min.insync.replicas 2) behind two `ferry proxy` replicas (a port per
-// broker) that clients know through one bootstrap list. Idempotent franz-go
+// broker) that clients know through one bootstrap list, and a third replica
+// routing by SNI (one TLS port) with clients of its own. Idempotent franz-go
 // producers (acks=all) write through the proxies' large-message interceptor
 // (every 20th record offloaded to the real S3 server, sealed under the real
 // KMS's key when it runs), two consumers in a group read back through the
@@ -36,8 +37,10 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,7 +66,9 @@ const (
 	fleetMinAcked = 200
 	// fleetBound bounds every wait for the cluster (a broker's start takes
 	// 20-50 s on a loaded machine).
-	fleetBound = 4 * time.Minute
+	fleetBound = 6 * time.Minute
+	// fleetStartTimeout bounds each node's start (scripts/kafka-broker).
+	fleetStartTimeout = "FERRY_KAFKA_START_TIMEOUT=300"
 	// fleetOutage is how long the S3 server or the KMS stays unavailable.
 	fleetOutage = 20 * time.Second
 )
@@ -75,7 +80,10 @@ type fleet struct {
 	adm      *kadm.Client
 	cl       *kgo.Client // straight to the cluster
 	topic    string
-	proxies  []*proxyReplica
+	proxies  []*proxyReplica // a port per broker
+	sni      *proxyReplica   // SNI routing
+	sniSeeds []string        // its bootstrap name
+	sniDial  kgo.Opt         // a dialer that sends each name as SNI to its one port
 	load     *faultLoad
 	live     []int32 // node ids of the running, registered brokers
 	s3, kms  *faultproxy.Proxy
@@ -98,7 +106,8 @@ func TestFleetFaults(t *testing.T) {
 	t0 := time.Now()
 	t.Setenv("FERRY_TEST_PROXY_LOG_LEVEL", "info") // listeners opened, held requests
 	bin := buildFerry(t)
-	env := ownBrokerEnv(t, "FERRY_KAFKA_NODES=3")
+	// A node's start takes 20 s on a quiet machine and minutes on a busy one.
+	env := ownBrokerEnv(t, "FERRY_KAFKA_NODES=3", fleetStartTimeout)
 	t.Setenv("FERRY_KAFKA_BROKERS", env["FERRY_KAFKA_BROKERS"]) // client(t), readAll: this cluster
 	t.Logf("%s: cluster of 3 on %s", time.Since(t0).Round(time.Second), env["FERRY_KAFKA_BROKERS"])
 	f := &fleet{t: t, state: env["FERRY_KAFKA_STATE"], cl: client(t), live: []int32{1, 2, 3}}
@@ -134,8 +143,18 @@ func TestFleetFaults(t *testing.T) {
 	}
 	f.waitInSync("topic created")
 
-	// Two proxy replicas, fixed ports each (a killed one comes back where
-	// clients left it), every broker of the cluster as upstream seeds.
+	// Two proxy replicas with a port per broker, fixed ports each (a
+	// killed one comes back where clients left it), every broker of the
+	// cluster as upstream seeds; and a third replica routing by SNI (one
+	// TLS port, a wildcard certificate for *.ferry-sni.test).
+	chain := fmt.Sprintf(`
+interceptors:
+  - name: large-message
+    config:
+      topic.pattern: "fleet-.*"
+      large.message.payload.store.url: %q
+      large.message.threshold.bytes: %d%s
+`, storeURL, soakThreshold, sealing)
 	for range 2 {
 		listen, base := freePort(t), freePort(t)-1 // node 1 on a free port; node N on base+N
 		cfg := fmt.Sprintf(`
@@ -143,16 +162,32 @@ upstream: [%s]
 listen: 127.0.0.1:%d
 broker.port.base: %d
 admin.listen: 127.0.0.1:0
-interceptors:
-  - name: large-message
-    config:
-      topic.pattern: "fleet-.*"
-      large.message.payload.store.url: %q
-      large.message.threshold.bytes: %d%s
-`, env["FERRY_KAFKA_BROKERS"], listen, base, storeURL, soakThreshold, sealing)
+`, env["FERRY_KAFKA_BROKERS"], listen, base) + chain
 		f.proxies = append(f.proxies, startProxyReplica(t, bin, cfg))
 	}
-	defer logHeld(t, f.proxies...)
+	_, cert, key, pool := wildcardPKI(t, sniDomain)
+	sniListen := freePort(t)
+	f.sni = startProxyReplica(t, bin, fmt.Sprintf(`
+upstream: [%s]
+listen: 127.0.0.1:%d
+admin.listen: 127.0.0.1:0
+tls.client: {enabled: true, cert: %q, key: %q}
+sni:
+  bootstrap.host: %s
+  broker.host.pattern: %q
+`, env["FERRY_KAFKA_BROKERS"], sniListen, cert, key, sniBootstrap, sniPattern)+chain)
+	// Every name the SNI replica hands out leads to its one port; the name
+	// goes in the TLS handshake.
+	f.sniDial = kgo.Dialer(func(ctx context.Context, network, host string) (net.Conn, error) {
+		name, _, err := net.SplitHostPort(host)
+		if err != nil {
+			return nil, err
+		}
+		d := &tls.Dialer{Config: &tls.Config{ServerName: name, RootCAs: pool, MinVersion: tls.VersionTLS12}}
+		return d.DialContext(ctx, network, net.JoinHostPort("127.0.0.1", strconv.Itoa(sniListen)))
+	})
+	f.sniSeeds = []string{net.JoinHostPort(sniBootstrap, strconv.Itoa(sniListen))}
+	defer logHeld(t, append(f.proxies, f.sni)...)
 	a, b := f.proxies[0].bootstrap, f.proxies[1].bootstrap
 
 	f.load = newFaultLoad(t, f.topic, "start")
@@ -162,9 +197,11 @@ interceptors:
 	for _, seeds := range [][]string{{a, b}, {b, a}} {
 		f.load.startProducer(seeds, 100*time.Millisecond, kgo.MetadataMaxAge(5*time.Second))
 	}
+	f.load.startProducer(f.sniSeeds, 100*time.Millisecond, kgo.MetadataMaxAge(5*time.Second), f.sniDial)
 	group := "fleet-group-" + f.topic
 	f.load.startConsumer([]string{a, b}, group)
 	f.load.startConsumer([]string{b, a}, group)
+	f.load.startConsumer(f.sniSeeds, group, f.sniDial)
 	f.awaitAcked("start")
 
 	faults := []struct {
@@ -178,6 +215,7 @@ interceptors:
 		{"broker-removed", f.brokerRemoved},
 		{"proxy-killed", f.proxyKilled},
 	}
+	faultsFrom := time.Now() // the soak's DURATION counts from here
 	for {
 		f.cycle++
 		for _, fault := range faults {
@@ -191,7 +229,7 @@ interceptors:
 				f.phase("kms-unavailable", func() { f.outage("KMS", f.kms) })
 			}
 		}
-		if soak == 0 || time.Since(t0) >= soak {
+		if soak == 0 || time.Since(faultsFrom) >= soak {
 			break
 		}
 	}
@@ -254,7 +292,7 @@ func (f *fleet) script(args ...string) string {
 	t := f.t
 	t.Helper()
 	cmd := exec.Command("../scripts/kafka-broker", args...)
-	cmd.Env = append(os.Environ(), "FERRY_KAFKA_STATE="+f.state, "FERRY_KAFKA_WATCH_PID="+strconv.Itoa(os.Getpid()))
+	cmd.Env = append(os.Environ(), "FERRY_KAFKA_STATE="+f.state, "FERRY_KAFKA_WATCH_PID="+strconv.Itoa(os.Getpid()), fleetStartTimeout)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	t0 := time.Now()
@@ -376,19 +414,67 @@ func (f *fleet) brokerAdded() {
 	}
 	f.waitInSync("partition added")
 	f.awaitMore(50, n, fmt.Sprintf("partition %d led by the new broker %d", n, id))
+	// Each replica is asked for Metadata as a new client would (its own
+	// clients may all be on the other replica), then must have opened a
+	// listener for (or routed by SNI) the node id it saw for the first time.
+	for _, p := range f.proxies {
+		f.brokerVia(p.bootstrap, id)
+	}
+	f.brokerVia(f.sniSeeds[0], id, f.sniDial)
+	want := fmt.Sprintf("node=%d ", id)
 	for i, p := range f.proxies {
-		if want := fmt.Sprintf("node=%d ", id); !strings.Contains(listenerLines(p.stderr()), want) {
-			t.Errorf("proxy %d logged no listener for the new broker %d:\n%s", i, id, listenerLines(p.stderr()))
+		if l := logLines(p.stderr(), "broker listener opened"); !strings.Contains(l, want) {
+			t.Errorf("proxy %d logged no listener for the new broker %d:\n%s", i, id, l)
 		}
 	}
-	f.checkLog = append(f.checkLog, fmt.Sprintf("broker-added: broker %d joined, partition %d on %v, 50 records acknowledged on it through the proxies (both opened a listener for node %d)", id, n, replicas, id))
+	if l := logLines(f.sni.stderr(), "broker routed by SNI"); !strings.Contains(l, want) {
+		t.Errorf("the SNI proxy logged no route for the new broker %d:\n%s", id, l)
+	}
+	f.checkLog = append(f.checkLog, fmt.Sprintf("broker-added: broker %d joined, partition %d on %v, 50 records acknowledged on it through the proxies (both port-per-broker replicas opened a listener for node %d, the SNI replica routed broker-%d)", id, n, replicas, id, id))
 }
 
-// listenerLines are the proxy's "broker listener opened" log lines.
-func listenerLines(log string) string {
+// brokerVia asks the proxy at seed for the cluster's brokers and checks
+// that node id is among them, then connects to its address (through the
+// proxy: the listener of a port-per-broker replica).
+func (f *fleet) brokerVia(seed string, id int32, opts ...kgo.Opt) {
+	t := f.t
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seed)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := ctxT(t, time.Minute)
+	var addr string
+	waitFor(t, fleetBound, func() bool {
+		resp, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
+		if err != nil {
+			return false
+		}
+		for _, b := range resp.Brokers {
+			if b.NodeID == id {
+				addr = net.JoinHostPort(b.Host, strconv.Itoa(int(b.Port)))
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprintf("the proxy at %s names no broker %d", seed, id) })
+	// A request to the address the proxy gave for the new broker, as the
+	// only seed of a new client.
+	direct, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addr)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if _, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, direct); err != nil {
+		t.Errorf("broker %d at %s, the address the proxy at %s gave: %v", id, addr, seed, err)
+	}
+}
+
+// logLines are the lines of log that contain msg.
+func logLines(log, msg string) string {
 	var out []string
 	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(l, "broker listener opened") {
+		if strings.Contains(l, msg) {
 			out = append(out, l)
 		}
 	}
