@@ -40,6 +40,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -156,7 +157,10 @@ interceptors:
       large.message.threshold.bytes: %d%s
 `, storeURL, soakThreshold, sealing)
 	for range 2 {
-		listen, base := freePort(t), freePort(t)-1 // node 1 on a free port; node N on base+N
+		// The bootstrap on base, node N on base+N: a block of ports below
+		// the kernel's ephemeral range, which hands out no port of it.
+		base := freePortBlock(t, 32)
+		listen := base
 		cfg := fmt.Sprintf(`
 upstream: [%s]
 listen: 127.0.0.1:%d
@@ -285,6 +289,30 @@ func (f *fleet) awaitMore(n int, p int32, what string) {
 		func() string {
 			return fmt.Sprintf("%s: %d records acknowledged, want %d", what, f.load.ackedIn(phase, p)-from, n)
 		})
+}
+
+// freePortBlock is a port p with p..p+n-1 all free just now, below 32768
+// (Linux's ephemeral ports start there), so that no port the kernel picks
+// for another socket of the run lands in the block.
+func freePortBlock(t *testing.T, n int) int {
+	t.Helper()
+	for range 200 {
+		p := 20000 + mrand.IntN(12000-n)
+		ok := true
+		for i := range n {
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+i)))
+			if err != nil {
+				ok = false
+				break
+			}
+			ln.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatalf("no block of %d free ports", n)
+	return 0
 }
 
 // script runs scripts/kafka-broker ARGS on the cluster and returns its stdout.
