@@ -646,9 +646,13 @@ func (o ProduceOutcome) Merge(resp *kmsg.ProduceResponse) {
 // none of the partition's records: the objects published for them are
 // referenced by nothing. (REQUEST_TIMED_OUT and
 // NOT_ENOUGH_REPLICAS_AFTER_APPEND may come after an append, and are not
-// here.)
+// here; nor is NOT_LEADER_OR_FOLLOWER: an acks=all produce the leader has
+// appended and is waiting to replicate is answered with it when leadership
+// moves (a controlled shutdown), and the new leader may hold the batch, so
+// an idempotent retry is acknowledged as a duplicate of the first, whose
+// payloads must stay.)
 var notAppended = map[int16]bool{
-	kerr.CorruptMessage.Code: true, kerr.UnknownTopicOrPartition.Code: true, kerr.NotLeaderForPartition.Code: true,
+	kerr.CorruptMessage.Code: true, kerr.UnknownTopicOrPartition.Code: true,
 	kerr.MessageTooLarge.Code: true, kerr.RecordListTooLarge.Code: true, kerr.NotEnoughReplicas.Code: true,
 	kerr.InvalidRequiredAcks.Code: true, kerr.TopicAuthorizationFailed.Code: true, kerr.ClusterAuthorizationFailed.Code: true,
 	kerr.TransactionalIDAuthorizationFailed.Code: true, kerr.InvalidProducerEpoch.Code: true, kerr.OutOfOrderSequenceNumber.Code: true,
