@@ -81,4 +81,3 @@ func TestPollRecordsByteBound(t *testing.T) {
 	t.Logf("%d records of 2–8 MiB in %d polls with poll.max.bytes %d MiB: peak heap in use %.0f MiB (%d MiB before the first poll), peak RSS of the test process since production %.0f MiB",
 		records, polls, bound>>20, peak, heapBefore, rssMiB("VmHWM"))
 }
-
