@@ -574,15 +574,24 @@ func (f *fleet) reassignment() {
 	}
 	f.reassign(moves, f.topic)
 	f.waitInSync("reassigned")
-	m, err = f.metadata()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	for p, want := range moves {
-		if got := f.partition(m, p).Replicas; !sameSet(got, want) {
-			f.t.Errorf("partition %d: replicas %v after the reassignment, want %v", p, got, want)
+	// --verify asks the controller; the broker answering Metadata learns
+	// the new replica sets from the metadata log a moment later (seen: a
+	// whole phase later on a quiet machine), so wait for it to say so.
+	var last string
+	waitFor(f.t, fleetBound, func() bool {
+		m, err := f.metadata()
+		if err != nil {
+			last = err.Error()
+			return false
 		}
-	}
+		for p, want := range moves {
+			if got := f.partition(m, p).Replicas; !sameSet(got, want) {
+				last = fmt.Sprintf("partition %d: replicas %v after the reassignment, want %v", p, got, want)
+				return false
+			}
+		}
+		return true
+	}, func() string { return last })
 	f.checkLog = append(f.checkLog, fmt.Sprintf("reassignment: %d partitions moved with kafka-reassign-partitions: %v", len(moves), moves))
 }
 

@@ -98,6 +98,7 @@ type BlobStore struct {
 	// For S3 only: the client, bucket and key prefix, to abort multipart
 	// uploads that a failed or cancelled Publish could not abort itself.
 	s3       *s3.Client
+	conns    *connSet // S3: the client's connections, closed by Close
 	s3Bucket string
 	s3Prefix string
 }
@@ -164,9 +165,11 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	// the query; the prefix is applied with PrefixedBucket below.
 	var b *blob.Bucket
 	var s3c *s3.Client
+	var conns *connSet
 	var err error
 	if u.Scheme == s3blob.Scheme {
-		b, s3c, err = openS3Bucket(ctx, bucketName, u.Query(), max(dlConc, concurrency))
+		conns = &connSet{}
+		b, s3c, err = openS3Bucket(ctx, bucketName, u.Query(), max(dlConc, concurrency), conns)
 	} else {
 		gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
 		b, err = blob.OpenBucket(ctx, gu.String())
@@ -184,14 +187,20 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	ok, err := b.IsAccessible(ctx)
 	if err != nil {
 		b.Close()
+		if conns != nil {
+			conns.close()
+		}
 		return fail(retryable(err), fmt.Errorf("cannot reach the bucket (check the credentials and the endpoint): %w", err))
 	}
 	if !ok {
 		b.Close()
+		if conns != nil {
+			conns.close()
+		}
 		return fail(false, fmt.Errorf("%w: bucket (or container) %q does not exist", ErrInvalidConfig, bucketName))
 	}
 	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency,
-		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, s3: s3c, s3Bucket: bucketName}
+		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, s3: s3c, conns: conns, s3Bucket: bucketName}
 	if prefix != "" {
 		st.s3Prefix = prefix + "/"
 	}
@@ -200,7 +209,13 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 
 func (s *BlobStore) Class() string       { return s.class }
 func (s *BlobStore) ID(p Payload) string { return s.gen.ID(p) }
-func (s *BlobStore) Close() error        { return s.bucket.Close() }
+func (s *BlobStore) Close() error {
+	err := s.bucket.Close()
+	if s.conns != nil {
+		s.conns.close()
+	}
+	return err
+}
 
 // Root returns the URL prefix of every full path of this store.
 func (s *BlobStore) Root() Root { return s.root }
@@ -495,8 +510,9 @@ func httpStatus(err error) int {
 // conns is the most requests one upload or download has in flight: the
 // client keeps at least four times as many idle connections to the server,
 // so that ranged GETs reuse them instead of opening new ones (the SDK keeps
-// 10 per host by default).
-func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int) (*blob.Bucket, *s3.Client, error) {
+// 10 per host by default). Every connection it dials is held in set, which
+// the store's Close closes.
+func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, set *connSet) (*blob.Bucket, *s3.Client, error) {
 	var opts s3blob.Options
 	var clientOpts []func(*s3.Options)
 	boolParam := func(key string, set func(o *s3.Options, v bool)) error {
@@ -541,6 +557,7 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int) (
 		cfg.HTTPClient = hc.WithTransportOptions(func(tr *http.Transport) {
 			tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, 4*conns)
 			tr.MaxIdleConns = max(tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
+			tr.DialContext = set.dialer(tr.DialContext)
 		})
 	}
 	clientOpts = append(clientOpts, func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
