@@ -3,17 +3,8 @@ package envelope
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"path"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/kms"
-	gcaws "gocloud.dev/aws"
-	"gocloud.dev/secrets"
-	"gocloud.dev/secrets/awskms"
 )
 
 // awsKeys is the set of AWS KMS keys (by ARN) a keyring's awskms:// URLs
@@ -57,60 +48,6 @@ func (a *awsKeys) allowed(ctx context.Context, arn string) bool {
 	}
 	a.resolved = max(a.resolved, ok)
 	return a.arns[arn]
-}
-
-// openAWSKMS opens an awskms:// key URL as gocloud's URL opener does (key id
-// from host and path, EncryptionContext from context_* parameters, the AWS
-// config from the rest), adds to keys a way to resolve the key's ARN
-// (DescribeKey: an alias gives the key it names now), and returns with the
-// keeper an unwrap that refuses a data key KMS unwrapped with a key not in
-// keys.
-func openAWSKMS(ctx context.Context, u *url.URL, keys *awsKeys) (*secrets.Keeper, func(context.Context, []byte) ([]byte, error), error) {
-	keyID := strings.TrimPrefix(path.Join(u.Host, u.Path), "/")
-	q := u.Query()
-	var opts awskms.KeeperOptions
-	for k, vs := range q {
-		if strings.HasPrefix(k, "context_") {
-			if len(vs) != 1 {
-				return nil, nil, fmt.Errorf("EncryptionContext parameter %q must have exactly 1 value", k)
-			}
-			q.Del(k)
-			if opts.EncryptionContext == nil {
-				opts.EncryptionContext = map[string]string{}
-			}
-			opts.EncryptionContext[k[len("context_"):]] = vs[0]
-		}
-	}
-	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
-	if err != nil {
-		return nil, nil, err
-	}
-	client, err := awskms.Dial(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	resolve := func(ctx context.Context) (string, error) {
-		out, err := client.DescribeKey(ctx, &kms.DescribeKeyInput{KeyId: aws.String(keyID)})
-		if err != nil {
-			return "", err
-		}
-		return aws.ToString(out.KeyMetadata.Arn), nil
-	}
-	keys.mu.Lock()
-	keys.resolve = append(keys.resolve, resolve)
-	keys.mu.Unlock()
-	unwrap := func(ctx context.Context, wrapped []byte) ([]byte, error) {
-		out, err := client.Decrypt(ctx, &kms.DecryptInput{CiphertextBlob: wrapped, EncryptionContext: opts.EncryptionContext})
-		if err != nil {
-			return nil, err
-		}
-		if by := aws.ToString(out.KeyId); !keys.allowed(ctx, by) {
-			clear(out.Plaintext)
-			return nil, &foreignKeyError{arn: by}
-		}
-		return out.Plaintext, nil
-	}
-	return awskms.OpenKeeper(client, keyID, &opts), unwrap, nil
 }
 
 // foreignKeyError: KMS unwrapped a data key with a key that is not

@@ -36,11 +36,7 @@ import (
 	"github.com/aws/smithy-go"
 	"gocloud.dev/gcerrors"
 	"gocloud.dev/secrets"
-	_ "gocloud.dev/secrets/awskms"        // awskms://
-	_ "gocloud.dev/secrets/azurekeyvault" // azurekeyvault://
-	_ "gocloud.dev/secrets/gcpkms"        // gcpkms://
-	_ "gocloud.dev/secrets/hashivault"    // hashivault://
-	"gocloud.dev/secrets/localsecrets"    // base64key://
+	"gocloud.dev/secrets/localsecrets" // base64key://; the KMS schemes: kms_cloud.go
 	"golang.org/x/sync/singleflight"
 )
 

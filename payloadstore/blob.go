@@ -10,24 +10,11 @@ import (
 	"net/url"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
-	"time"
 
-	"cloud.google.com/go/storage"
-	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"github.com/aws/smithy-go/logging"
 	"github.com/google/uuid"
-	gcaws "gocloud.dev/aws"
 	"gocloud.dev/blob"
-	"gocloud.dev/blob/azureblob"
-	"gocloud.dev/blob/gcsblob"
-	"gocloud.dev/blob/s3blob"
 	"gocloud.dev/gcerrors"
-	"google.golang.org/api/googleapi"
 )
 
 // Classes written into references by the cloud stores.
@@ -51,11 +38,14 @@ const (
 // offset it had reached after a read fails mid-stream.
 const downloadResumes = 3
 
-func init() {
-	Register(s3blob.Scheme, openBlob(S3StoreClass))
-	Register(gcsblob.Scheme, openBlob(GCSStoreClass))
-	Register(azureblob.Scheme, openBlob(AzureBlobStoreClass))
-}
+// The URL schemes of the cloud stores (gocloud.dev's s3blob, gcsblob and
+// azureblob). cloud.go registers them; a build with the ferry_nocloud tag
+// leaves the cloud SDKs out and registers none (cloud_none.go).
+const (
+	schemeS3    = "s3"
+	schemeGCS   = "gs"
+	schemeAzure = "azblob"
+)
 
 // BlobStore is a PayloadStore over a gocloud.dev/blob bucket: Amazon S3 (and
 // S3-compatible servers), Google Cloud Storage or Azure Blob Storage, opened
@@ -95,12 +85,12 @@ type BlobStore struct {
 	dlPart        int
 	dlConcurrency int
 	budget        Budget // download buffers are charged to it
-	// For S3 only: the client, bucket and key prefix, to abort multipart
-	// uploads that a failed or cancelled Publish could not abort itself.
-	s3       *s3.Client
-	conns    *connSet // S3: the client's connections, closed by Close
-	s3Bucket string
-	s3Prefix string
+	// For S3 only: aborts the multipart uploads of a full key (the bucket's
+	// prefix included) that a failed or cancelled Publish could not abort
+	// itself (cloud.go); nil for the other clouds.
+	abort     func(ctx context.Context, fullKey string)
+	conns     *connSet // S3: the client's connections, closed by Close
+	keyPrefix string   // the URL's prefix and "/", or ""
 }
 
 func openBlob(class string) Opener {
@@ -163,20 +153,10 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	}
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket below.
-	var b *blob.Bucket
-	var s3c *s3.Client
-	var conns *connSet
-	var err error
-	if u.Scheme == s3blob.Scheme {
-		conns = &connSet{}
-		b, s3c, err = openS3Bucket(ctx, bucketName, u.Query(), max(dlConc, concurrency), conns)
-	} else {
-		gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
-		b, err = blob.OpenBucket(ctx, gu.String())
-	}
+	b, abort, conns, err := openCloudBucket(ctx, u, bucketName, max(dlConc, concurrency))
 	if err != nil {
 		hint := ""
-		if u.Scheme == azureblob.Scheme && os.Getenv("AZURE_STORAGE_ACCOUNT") == "" {
+		if u.Scheme == schemeAzure && os.Getenv("AZURE_STORAGE_ACCOUNT") == "" {
 			hint = " (set AZURE_STORAGE_ACCOUNT, and AZURE_STORAGE_KEY or another Azure credential: docs/OPERATIONS.md)"
 		}
 		return fail(false, fmt.Errorf("%w: %v%s", ErrInvalidConfig, scrub(err), hint))
@@ -200,9 +180,9 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		return fail(false, fmt.Errorf("%w: bucket (or container) %q does not exist", ErrInvalidConfig, bucketName))
 	}
 	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency,
-		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, s3: s3c, conns: conns, s3Bucket: bucketName}
+		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, abort: abort, conns: conns}
 	if prefix != "" {
-		st.s3Prefix = prefix + "/"
+		st.keyPrefix = prefix + "/"
 	}
 	return st, nil
 }
@@ -371,7 +351,7 @@ func (s *BlobStore) Touch(ctx context.Context, key string) error {
 	if err := s.checkKey("touch", key); err != nil {
 		return err
 	}
-	if s.s3 == nil {
+	if s.abort == nil { // not S3
 		if err := s.bucket.Copy(ctx, key, key, nil); err != nil {
 			return s.fail("touch", s.root.Path(key), err)
 		}
@@ -451,22 +431,6 @@ func (s *BlobStore) fail(op, path string, err error) error {
 	return &Error{Op: op, Path: path, Retryable: retryable(err), Err: scrub(err)}
 }
 
-// bucketMissing reports whether err says the bucket or container itself is
-// gone (S3 NoSuchBucket, Azure ContainerNotFound, GCS bucket not found): that
-// is a configuration problem, not a missing payload, and must not be skipped
-// by large.message.skip.not.found.error.
-func bucketMissing(err error) bool {
-	var coded interface{ ErrorCode() string }
-	if errors.As(err, &coded) && coded.ErrorCode() == "NoSuchBucket" {
-		return true
-	}
-	var az *azcore.ResponseError
-	if errors.As(err, &az) && az.ErrorCode == "ContainerNotFound" {
-		return true
-	}
-	return errors.Is(err, storage.ErrBucketNotExist)
-}
-
 // retryable classifies a store error: by the HTTP status when the SDK
 // reports one (408, 429 and 5xx are worth another attempt; other 4xx, such as
 // 403 for wrong credentials, are not), else by gocloud.dev's error code.
@@ -482,91 +446,6 @@ func retryable(err error) bool {
 	return true
 }
 
-// httpStatus digs the HTTP status out of an SDK error (AWS, Azure, Google),
-// or returns 0 when there is none (a connection error, say).
-func httpStatus(err error) int {
-	var aws interface{ HTTPStatusCode() int }
-	if errors.As(err, &aws) {
-		return aws.HTTPStatusCode()
-	}
-	var az *azcore.ResponseError
-	if errors.As(err, &az) {
-		return az.StatusCode
-	}
-	var g *googleapi.Error
-	if errors.As(err, &g) {
-		return g.Code
-	}
-	return 0
-}
-
-// openS3Bucket opens an S3 bucket the way gocloud.dev's s3blob URL opener
-// does (the same query parameters and credential chain), but builds the S3
-// client itself: the opener offers no way to set client options, and Ferry
-// needs one, DisableLogOutputChecksumValidationSkipped, or every download
-// from an S3-compatible server that sends no checksum prints an SDK line on
-// stderr.
-//
-// conns is the most requests one upload or download has in flight: the
-// client keeps at least four times as many idle connections to the server,
-// so that ranged GETs reuse them instead of opening new ones (the SDK keeps
-// 10 per host by default). Every connection it dials is held in set, which
-// the store's Close closes.
-func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, set *connSet) (*blob.Bucket, *s3.Client, error) {
-	var opts s3blob.Options
-	var clientOpts []func(*s3.Options)
-	boolParam := func(key string, set func(o *s3.Options, v bool)) error {
-		v := q.Get(key)
-		if v == "" {
-			return nil
-		}
-		q.Del(key)
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("invalid value %q for %q", v, key)
-		}
-		clientOpts = append(clientOpts, func(o *s3.Options) { set(o, b) })
-		return nil
-	}
-	for key, set := range map[string]func(*s3.Options, bool){
-		"use_path_style":   func(o *s3.Options, v bool) { o.UsePathStyle = v },
-		"s3ForcePathStyle": func(o *s3.Options, v bool) { o.UsePathStyle = v },
-		"disable_https":    func(o *s3.Options, v bool) { o.EndpointOptions.DisableHTTPS = v },
-		"accelerate":       func(o *s3.Options, v bool) { o.UseAccelerate = v },
-	} {
-		if err := boolParam(key, set); err != nil {
-			return nil, nil, err
-		}
-	}
-	if v := q.Get("ssetype"); v != "" {
-		q.Del("ssetype")
-		opts.EncryptionType = s3types.ServerSideEncryption(v)
-	}
-	if v := q.Get("kmskeyid"); v != "" {
-		q.Del("kmskeyid")
-		opts.KMSEncryptionID = v
-	}
-	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The SDK logs to stderr by default (e.g. "falling back to IMDSv1"
-	// while looking for credentials); Ferry reports errors itself.
-	cfg.Logger = logging.Nop{}
-	if hc, ok := cfg.HTTPClient.(*awshttp.BuildableClient); ok {
-		cfg.HTTPClient = hc.WithTransportOptions(func(tr *http.Transport) {
-			tr.MaxIdleConnsPerHost = max(tr.MaxIdleConnsPerHost, 4*conns)
-			tr.MaxIdleConns = max(tr.MaxIdleConns, tr.MaxIdleConnsPerHost)
-			tr.DialContext = set.dialer(tr.DialContext)
-		})
-	}
-	clientOpts = append(clientOpts, func(o *s3.Options) { o.DisableLogOutputChecksumValidationSkipped = true })
-	client := s3.NewFromConfig(cfg, clientOpts...)
-	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
-	b, err := s3blob.OpenBucket(ctx, client, bucket, &opts)
-	return b, client, err
-}
-
 // abortIncomplete aborts, in the background, the S3 multipart uploads of
 // key begun in the last hour. gocloud.dev aborts a failed upload with the upload's own context,
 // which is already over when a timeout or a cancel caused the failure; the
@@ -575,29 +454,12 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, s
 // Azure blocks expire by themselves. Failures are ignored (a bucket lifecycle
 // rule AbortIncompleteMultipartUpload is the backstop, docs/OPERATIONS.md).
 func (s *BlobStore) abortIncomplete(ctx context.Context, key string) {
-	if s.s3 == nil {
+	if s.abort == nil {
 		return
 	}
 	// In the background: the publish has failed already and must not wait
 	// beyond large.message.payload.store.timeout.ms for the clean-up.
-	go s.abortUploads(context.WithoutCancel(ctx), key)
-}
-
-func (s *BlobStore) abortUploads(ctx context.Context, key string) {
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	full := s.s3Prefix + key
-	out, err := s.s3.ListMultipartUploads(actx, &s3.ListMultipartUploadsInput{Bucket: &s.s3Bucket, Prefix: &full})
-	if err != nil {
-		return
-	}
-	since := time.Now().Add(-time.Hour)
-	for _, up := range out.Uploads {
-		if up.Key == nil || *up.Key != full || (up.Initiated != nil && up.Initiated.Before(since)) {
-			continue
-		}
-		_, _ = s.s3.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &s.s3Bucket, Key: up.Key, UploadId: up.UploadId})
-	}
+	go s.abort(context.WithoutCancel(ctx), s.keyPrefix+key)
 }
 
 // resumingReader reads an object; when a read fails mid-stream with a

@@ -1,3 +1,5 @@
+//go:build !ferry_nocloud
+
 package payloadstore_test
 
 import (

@@ -1,3 +1,5 @@
+//go:build !ferry_nocloud
+
 package payloadstore_test
 
 // Store faults against the real S3 server (versitygw), with a fault proxy in
@@ -7,7 +9,6 @@ package payloadstore_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/http"
@@ -38,15 +39,6 @@ func s3ViaProxy(t *testing.T) (direct, viaProxy string, fp *faultproxy.Proxy) {
 // stay quick; the SDK's own retries run inside each attempt.
 func fastPolicyFor(timeout time.Duration) payloadstore.Policy {
 	return payloadstore.Policy{Timeout: timeout, RetryCount: 2, RetryBackoff: 10 * time.Millisecond, RetryMaxBackoff: 50 * time.Millisecond, CustomMetadataMaxBytes: 128}
-}
-
-func randPayload(t *testing.T, n int) []byte {
-	t.Helper()
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // listAll returns the full paths under topic in s.
