@@ -170,6 +170,14 @@ func runFerry(t *testing.T, bin string, args ...string) (maxRSS int64, stdout st
 	return maxRSS, out.String()
 }
 
+// slowStoreArgs let one store operation on a 1 GiB payload take up to 15
+// minutes: large.message.payload.store.timeout.ms (default 60 s) bounds a
+// whole upload, retries included, and on a busy test machine the local S3
+// server took longer than that (the upload failed after 160 s). The tests
+// that use them measure memory and bytes, not speed.
+var slowStoreArgs = []string{"-X", largemessage.KeyStoreTimeout + "=900000",
+	"-X", largemessage.KeyMaxBlock + "=900000", "-X", largemessage.KeyMaxPollInterval + "=900000"}
+
 // `ferry produce` then `ferry consume` move a 1 GiB file through the real
 // broker (default limits) and the real S3 server with identical bytes, each
 // command streaming: its peak memory stays far below the payload's size.
@@ -196,7 +204,7 @@ func TestCLIProduceConsumeS3OneGiB(t *testing.T) {
 	want := h.Sum(nil)
 	bin := buildFerry(t)
 
-	rssProduce, out := runFerry(t, bin, "produce", "--brokers", b, "--topic", topic, "--store", raw, src)
+	rssProduce, out := runFerry(t, bin, append([]string{"produce", "--brokers", b, "--topic", topic, "--store", raw, src}, slowStoreArgs...)...)
 	if !strings.Contains(out, "offloaded") {
 		t.Fatalf("produce output: %q", out)
 	}
@@ -205,7 +213,7 @@ func TestCLIProduceConsumeS3OneGiB(t *testing.T) {
 		t.Fatalf("kafka holds a %d-byte value, want only the reference", len(recs[0].Value))
 	}
 	outDir := filepath.Join(dir, "out")
-	rssConsume, _ := runFerry(t, bin, "consume", "--brokers", b, "--topic", topic, "--store", raw, "--out", outDir, "-n", "1")
+	rssConsume, _ := runFerry(t, bin, append([]string{"consume", "--brokers", b, "--topic", topic, "--store", raw, "--out", outDir, "-n", "1"}, slowStoreArgs...)...)
 	os.Remove(src)
 
 	g, err := os.Open(filepath.Join(outDir, filepath.Base(src))) // named after the file produce sent (ferry.file.name)

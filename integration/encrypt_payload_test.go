@@ -203,7 +203,11 @@ func TestEncryptedPayloadCLIOneGiB(t *testing.T) {
 	built := epBuildFerry(t) // while the source is written
 	src, want, samples := epSourceFile(t, dir, size)
 	props := filepath.Join(dir, "client.properties")
-	if err := os.WriteFile(props, []byte(largemessage.KeyEncryptionKeyURL+"="+key+"\n"), 0o600); err != nil {
+	// The store timeouts of slowStoreArgs: a busy machine's S3 server may
+	// need longer than the default 60 s for 1 GiB.
+	conf := largemessage.KeyEncryptionKeyURL + "=" + key + "\n" + largemessage.KeyStoreTimeout + "=900000\n" +
+		largemessage.KeyMaxBlock + "=900000\n" + largemessage.KeyMaxPollInterval + "=900000\n"
+	if err := os.WriteFile(props, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	bin := built()
