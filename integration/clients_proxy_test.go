@@ -128,7 +128,7 @@ func TestClientsProxyJava(t *testing.T) {
 	sameRecords(t, "franz-go consume", fromKgo(proxyRecords(t, via, topic, len(want))), want)
 
 	// The Java admin client's view of the brokers and their API versions.
-	av := javaTool(t, nil, javaBrokerAPIVersions, "--bootstrap-server", via)
+	av := javaBrokerAPIVersionsRun(t, via)
 	for _, api := range []string{"Produce(0)", "Fetch(1)", "Metadata(3)", "ApiVersions(18)"} {
 		if !bytes.Contains(av, []byte(api)) {
 			t.Fatalf("broker API versions lack %s:\n%s", api, tail(av))

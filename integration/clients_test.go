@@ -270,6 +270,22 @@ const (
 	javaTopicCommand        = "org.apache.kafka.tools.TopicCommand"
 )
 
+// javaBrokerAPIVersionsRun runs kafka-broker-api-versions against bootstrap
+// with props (client properties, "key=value") in its --command-config and
+// returns its output. Its admin client's request.timeout.ms defaults to
+// 5 s, which a loaded machine's JVM can spend on the TLS handshake alone
+// (the METADATA request failed after 90 s of retries at load average 60):
+// it is raised to 60 s here.
+func javaBrokerAPIVersionsRun(t *testing.T, bootstrap string, props ...string) []byte {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "broker-api-versions.properties")
+	props = append(props, "request.timeout.ms=60000")
+	if err := os.WriteFile(cfg, []byte(strings.Join(props, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return javaTool(t, nil, javaBrokerAPIVersions, "--bootstrap-server", bootstrap, "--command-config", cfg)
+}
+
 // javaProduce produces recs with Kafka's console producer, one line each:
 // "h1:v1,h2:v2<TAB>key<TAB>value". Keys, values and headers must hold no
 // newline or tab, header keys and values no ',' or ':', and every record

@@ -335,11 +335,7 @@ func TestProxySNIClients(t *testing.T) {
 			t.Fatalf("java made no connection routed to a broker by SNI (%v before, %v after)", before, after)
 		}
 		// The Java admin client's view: every broker by its SNI name.
-		cfg := filepath.Join(t.TempDir(), "client.properties")
-		if err := os.WriteFile(cfg, []byte(strings.Join(tlsProps, "\n")+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		av := javaTool(t, nil, javaBrokerAPIVersions, "--bootstrap-server", x.bootstrap, "--command-config", cfg)
+		av := javaBrokerAPIVersionsRun(t, x.bootstrap, tlsProps...)
 		if !bytes.Contains(av, []byte("broker-")) || !bytes.Contains(av, []byte("."+sniDomain+":"+x.port)) {
 			t.Fatalf("kafka-broker-api-versions does not name broker-N.%s:%s:\n%s", sniDomain, x.port, tail(av))
 		}
