@@ -79,6 +79,10 @@ type decodedBatch struct {
 	// recs are the records to encode: nil until a record changed, was
 	// skipped or has deferred work (then materialized from the views).
 	recs []kmsg.Record
+	// from[k] is the view recs[k] is as read, unchanged (its bytes are
+	// copied as they are by encode), or -1: recs[k] is encoded from its
+	// fields. nil: every record is encoded from its fields.
+	from []int32
 	// pinned: deferred work may hold the views' bytes after the batch is
 	// done, so its scratch is not reused.
 	pinned bool
@@ -104,6 +108,7 @@ func decodeBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, err
 		d.done(l)
 		return nil, err
 	}
+	d.from = nil // the caller may change the records: encode writes them from their fields
 	return d, nil
 }
 
@@ -170,6 +175,10 @@ func heldOf(l *ledger) int64 {
 func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	size := int64(batchHeaderLen)
 	for i := range d.recs {
+		if raw := d.rawOf(i); raw != nil {
+			size += int64(len(raw))
+			continue
+		}
 		size += recordWireLen(&d.recs[i])
 	}
 	// Charged before the batch is built: it may hold payloads just put
@@ -184,6 +193,10 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	buf := make([]byte, room+batchHeaderLen, size)
 	var tmp []byte
 	for i := range d.recs {
+		if raw := d.rawOf(i); raw != nil {
+			buf = append(buf, raw...) // unchanged: its bytes as they came
+			continue
+		}
 		r := &d.recs[i]
 		// Encoded in place with its length known in advance: a record
 		// (a payload put back, say 100 MiB) is copied once, not twice.
@@ -227,6 +240,21 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	out := h.AppendTo(buf[room:room])
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
 	return buf[:room+len(out)], nil
+}
+
+// rawOf returns the bytes of recs[i] as read when it is unchanged, else nil.
+func (d *decodedBatch) rawOf(i int) []byte {
+	if i >= len(d.from) || d.from[i] < 0 || int(d.from[i]) >= len(d.views) {
+		return nil
+	}
+	return d.views[d.from[i]].raw
+}
+
+// edited marks recs[i] as changed: encode writes it from its fields.
+func (d *decodedBatch) edited(i int) {
+	if i < len(d.from) {
+		d.from[i] = -1
+	}
 }
 
 var (

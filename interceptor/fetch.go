@@ -566,10 +566,12 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 		}
 		size += n
 		if materialized {
+			from := int32(-1)
 			if !changed {
-				kr = d.record(i)
+				kr, from = d.record(i), int32(i)
 			}
 			keep = append(keep, kr)
+			d.from = append(d.from, from)
 		}
 		nkept++
 		lastDelta = d.views[i].offDelta

@@ -376,6 +376,7 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 			}
 			if apply(&r, kr) {
 				dirty = true
+				bw.d.edited(i)
 			}
 		}
 		if !dirty {
@@ -493,10 +494,10 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 		if !materialized {
 			continue
 		}
-		kr := d.record(i)
+		kr, from := d.record(i), int32(i)
 		if changed {
 			setFrom(&kr, r)
-			dirty = true
+			dirty, from = true, -1
 		}
 		if len(r.deferred) > 0 {
 			if bw.deferred == nil {
@@ -506,6 +507,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			d.pinned = true // the deferred work may hold the record's bytes
 		}
 		keep = append(keep, kr)
+		d.from = append(d.from, from)
 	}
 	if materialized {
 		d.recs = keep
@@ -516,6 +518,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			return nil, nil
 		}
 		renumber(&d.hdr, keep)
+		d.from = nil // new offset and timestamp deltas: every record encoded
 	}
 	bw.enc = raw
 	if dirty {
@@ -623,6 +626,7 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 			if !apply(&r, kr) {
 				continue
 			}
+			d.edited(i)
 			if gain := before - encodedLen(kr); gain > 0 {
 				freed += gain
 				if len(r.deferred) > 0 {

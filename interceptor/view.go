@@ -248,8 +248,10 @@ func (d *decodedBatch) materialize(ctx context.Context, l *ledger, n int) ([]kms
 	}
 	d.transient += int64(len(d.views)) * recordStructBytes
 	recs := make([]kmsg.Record, n, len(d.views))
+	d.from = make([]int32, n, len(d.views))
 	for i := range recs {
 		recs[i] = d.record(i)
+		d.from[i] = int32(i)
 	}
 	return recs, nil
 }
