@@ -83,6 +83,8 @@ type decodedBatch struct {
 	// copied as they are by encode), or -1: recs[k] is encoded from its
 	// fields. nil: every record is encoded from its fields.
 	from []int32
+	// karena holds the materialized records' headers.
+	karena []kmsg.Header
 	// pinned: deferred work may hold the views' bytes after the batch is
 	// done, so its scratch is not reused.
 	pinned bool

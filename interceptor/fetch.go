@@ -557,7 +557,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 				return nil, false, err
 			}
 			kr = d.record(i)
-			setFrom(&kr, r)
+			d.setFrom(&kr, r)
 			n = int64(encodedLen(&kr))
 		}
 		if !known1 && !room(size+n) && !first() {

@@ -496,7 +496,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 		}
 		kr, from := d.record(i), int32(i)
 		if changed {
-			setFrom(&kr, r)
+			d.setFrom(&kr, r)
 			dirty, from = true, -1
 		}
 		if len(r.deferred) > 0 {

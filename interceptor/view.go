@@ -232,12 +232,23 @@ func (d *decodedBatch) record(i int) kmsg.Record {
 	kr := kmsg.Record{Length: int32(len(v.raw)), TimestampDelta: int32(v.tsDelta), TimestampDelta64: v.tsDelta,
 		OffsetDelta: v.offDelta, Key: v.key, Value: v.value}
 	if hs := d.headersOf(i); len(hs) > 0 {
-		kr.Headers = make([]kmsg.Header, len(hs))
-		for j, h := range hs {
-			kr.Headers[j] = kmsg.Header{Key: h.Key, Value: h.Value}
-		}
+		kr.Headers = d.kmsgHeaders(hs)
 	}
 	return kr
+}
+
+// kmsgHeaders copies hs into the batch's arena of kmsg headers (one
+// allocation per batch, not per record) and returns the copy, whose
+// capacity ends with it.
+func (d *decodedBatch) kmsgHeaders(hs []Header) []kmsg.Header {
+	if cap(d.karena)-len(d.karena) < len(hs) {
+		d.karena = make([]kmsg.Header, 0, max(2*cap(d.karena), len(hs), 64))
+	}
+	start := len(d.karena)
+	for _, h := range hs {
+		d.karena = append(d.karena, kmsg.Header{Key: h.Key, Value: h.Value})
+	}
+	return d.karena[start:len(d.karena):len(d.karena)]
 }
 
 // materialize returns records [0, n) as kmsg records, charging l for them
@@ -256,13 +267,10 @@ func (d *decodedBatch) materialize(ctx context.Context, l *ledger, n int) ([]kms
 	return recs, nil
 }
 
-// setFrom writes r's key, value and headers into kr.
-func setFrom(kr *kmsg.Record, r *Record) {
+// setFrom writes r's key, value and headers into kr, a record of d.
+func (d *decodedBatch) setFrom(kr *kmsg.Record, r *Record) {
 	kr.Key, kr.Value = r.Key, r.Value
-	kr.Headers = make([]kmsg.Header, len(r.Headers))
-	for j, h := range r.Headers {
-		kr.Headers[j] = kmsg.Header{Key: h.Key, Value: h.Value}
-	}
+	kr.Headers = d.kmsgHeaders(r.Headers)
 }
 
 // bufPool keeps the scratch of batches done for the next ones. Idle
