@@ -214,9 +214,10 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 	// copy that escapes costs an allocation per record). This is the
 	// serializer's own first step (no reference to adopt, Codec.Fits).
 	if !referenced(r.Headers) {
-		codec := largemessage.Codec{Type: r.Batch.Compression}
-		if l.sers[codec.Type] == nil {
-			codec.Type = "none"
+		codec := largemessage.Codec{Type: "none"}
+		switch r.Batch.Compression {
+		case "gzip", "snappy", "lz4", "zstd":
+			codec.Type = r.Batch.Compression
 		}
 		if fits, err := codec.Fits(l.limits(r), r.Key, r.Value, r.Headers); err == nil && fits {
 			return nil
