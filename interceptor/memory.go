@@ -94,8 +94,9 @@ func (m *Memory) giveReclaimable(n int64) {
 }
 
 // Reclaimable returns the bytes of the budget that caches hold now (payloads
-// kept by large-message; large.message.payload.cache.max.bytes), which a
-// charge that finds no room takes back first. InUse leaves them out.
+// kept by large-message, large.message.payload.cache.max.bytes; idle
+// buffers of batches read in place, for the next batches), which a charge
+// that finds no room takes back first. InUse leaves them out.
 func (m *Memory) Reclaimable() int64 { return m.reclaimable.Load() }
 
 // addReclaimer registers fn, which frees up to n bytes it holds in m and
