@@ -179,12 +179,13 @@ func (m *Memory) TakeUnqueued(ctx context.Context, n int64) error {
 	return nil
 }
 
-// TryTake is Take without waiting: false when the budget has no room now.
+// TryTake is Take without waiting: false when the budget has no room now
+// (idle batch buffers, which the budget counts, are given up for it first).
 func (m *Memory) TryTake(n int64) bool {
 	if n <= 0 {
 		return true
 	}
-	if !m.sem.TryAcquire(n) {
+	if !m.sem.TryAcquire(n) && !(m.pool.reclaim(n) > 0 && m.sem.TryAcquire(n)) {
 		return false
 	}
 	m.inUse.Add(n)

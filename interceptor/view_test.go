@@ -180,3 +180,21 @@ func TestInPlacePoolWithinBudget(t *testing.T) {
 	}
 	mem.Give(limit)
 }
+
+// TryTake (ranged download buffers, wasm memory, fetch sessions) gets the
+// room idle batch buffers hold, as a waiting charge does.
+func TestInPlacePoolGivesWayToTryTake(t *testing.T) {
+	const limit = 32 << 20
+	mem := NewMemory(limit)
+	ch := NewChain([]Instance{{Produce: icpt(t, "x", "t", func(context.Context, *Record) error { return nil })}}, Options{Memory: mem})
+	req := buildRequest(t, map[string][]byte{"t": plainBatch(t, 4, -1, benchJSONValues(1000, 500)...)})
+	out := ch.InterceptProduce(context.Background(), req, allTopics(1<<20))
+	out.Release()
+	if mem.Reclaimable() == 0 {
+		t.Fatal("no idle buffer kept")
+	}
+	if !mem.TryTake(limit) {
+		t.Fatalf("TryTake of the whole budget failed with %d idle bytes pooled", mem.Reclaimable())
+	}
+	mem.Give(limit)
+}
