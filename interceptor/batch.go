@@ -65,12 +65,32 @@ func splitBatch(b []byte) (raw, rest []byte, complete bool) {
 	return b[:total], b[total:], true
 }
 
-// decodedBatch is a magic v2 batch with its records decoded.
+// decodedBatch is a magic v2 batch read in place (views, see view.go),
+// its records materialized as kmsg records only when the batch must be
+// encoded again.
 type decodedBatch struct {
-	hdr  kmsg.RecordBatch // Records holds the wire (compressed) records
+	hdr kmsg.RecordBatch // Records holds the wire (compressed) records
+	// views are the records read in place, over sc's buffers and the
+	// batch's bytes.
+	views []recView
+	sc    *scratch
+	// recordsLen is the length of the (decompressed) records section.
+	recordsLen int64
+	// recs are the records to encode: nil until a record changed, was
+	// skipped or has deferred work (then materialized from the views).
 	recs []kmsg.Record
+	// from[k] is the view recs[k] is as read, unchanged (its bytes are
+	// copied as they are by encode), or -1: recs[k] is encoded from its
+	// fields. nil: every record is encoded from its fields.
+	from []int32
+	// karena holds the materialized records' headers.
+	karena []kmsg.Header
+	// pinned: deferred work may hold the views' bytes after the batch is
+	// done, so its scratch is not reused.
+	pinned bool
 	// transient is what decoding charged to the ledger (decompressed
-	// bytes, decoded structures), given back once the batch is done.
+	// bytes, views and decoded structures), given back once the batch is
+	// done.
 	transient int64
 	// headroom: encode leaves this many bytes in front of the batch, for
 	// the caller to fill (the record set the batch follows), so a large
@@ -78,78 +98,19 @@ type decodedBatch struct {
 	headroom int
 }
 
-// decodeBatch checks raw's magic and CRC and decodes its records,
-// decompressing them within l's bounds (see decompress) and charging l for
-// the decompressed bytes and the decoded structures. It never panics on
-// bad input: errors say what is wrong (an *errBatch, errMagic,
-// ErrDecompressedTooLarge or ErrMemoryBusy). l may be nil (no bounds).
+// decodeBatch is scanBatch with every record materialized (d.recs), for
+// callers that want kmsg records; the chain reads batches in place.
 func decodeBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, error) {
-	if len(raw) <= magicOffset {
-		return nil, corrupt("record batch of %d bytes is truncated", len(raw))
+	d, err := scanBatch(ctx, l, raw)
+	if err != nil {
+		return nil, err
 	}
-	if raw[magicOffset] != 2 {
-		return nil, errMagic
+	d.pinned = true // the records alias the scratch
+	if d.recs, err = d.materialize(ctx, l, len(d.views)); err != nil {
+		d.done(l)
+		return nil, err
 	}
-	if len(raw) < batchHeaderLen {
-		return nil, corrupt("record batch of %d bytes is shorter than its %d-byte header", len(raw), batchHeaderLen)
-	}
-	d := &decodedBatch{}
-	if err := d.hdr.ReadFrom(raw); err != nil {
-		return nil, corrupt("record batch: %v", err)
-	}
-	if got := crc32.Checksum(raw[attrOffset:], castagnoli); got != uint32(d.hdr.CRC) {
-		return nil, corrupt("record batch CRC-32C is %08x, its header says %08x", got, uint32(d.hdr.CRC))
-	}
-	if d.hdr.NumRecords < 0 {
-		return nil, corrupt("record batch says it holds %d records", d.hdr.NumRecords)
-	}
-	codec := d.hdr.Attributes & attrCodecMask
-	if int(codec) >= len(codecNames) {
-		return nil, corrupt("record batch uses unknown compression codec %d", codec)
-	}
-	held := heldOf(l)
-	defer func() { d.transient = heldOf(l) - held }()
-	src := d.hdr.Records
-	if codec != 0 {
-		out, err := decompress(ctx, l, codec, src)
-		if err != nil {
-			var eb *errBatch
-			if errors.Is(err, ErrDecompressedTooLarge) || errors.Is(err, ErrMemoryBusy) || errors.As(err, &eb) {
-				return d.fail(l, held, err)
-			}
-			return d.fail(l, held, corrupt("record batch: %s decompression failed: %v", codecNames[codec], err))
-		}
-		src = out
-	}
-	// A record is at least 7 bytes: bound the allocation by the input.
-	if int64(d.hdr.NumRecords) > int64(len(src))/7+1 {
-		return d.fail(l, held, corrupt("record batch says it holds %d records in %d bytes", d.hdr.NumRecords, len(src)))
-	}
-	if err := l.charge(ctx, int64(d.hdr.NumRecords)*recordStructBytes); err != nil {
-		return d.fail(l, held, err)
-	}
-	d.recs = make([]kmsg.Record, d.hdr.NumRecords)
-	for i := range d.recs {
-		n, vl := kbin.Varint(src)
-		if vl == 0 || n < 0 || int64(vl)+int64(n) > int64(len(src)) {
-			return d.fail(l, held, corrupt("record %d of the batch is truncated", i))
-		}
-		// Headers are 2 bytes on the wire at least, 40 decoded: charge
-		// them before kmsg allocates them.
-		if h := headerCount(src[:vl+int(n)]); h > 0 {
-			if err := l.charge(ctx, h*headerStructBytes); err != nil {
-				return d.fail(l, held, err)
-			}
-		}
-		// Header keys alias src (no copy): src is never written to.
-		if err := d.recs[i].UnsafeReadFrom(src[:vl+int(n)]); err != nil {
-			return d.fail(l, held, corrupt("record %d of the batch: %v", i, err))
-		}
-		src = src[vl+int(n):]
-	}
-	if len(src) != 0 {
-		return d.fail(l, held, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords))
-	}
+	d.from = nil // the caller may change the records: encode writes them from their fields
 	return d, nil
 }
 
@@ -182,34 +143,22 @@ func varintBytesLen(b []byte) int {
 	return kbin.VarintLen(int32(len(b))) + len(b)
 }
 
-// headerCount reads how many headers a record (its length varint included)
-// says it has, without decoding them; 0 when the record is malformed
-// (ReadFrom then says so).
-func headerCount(rec []byte) int64 {
-	b := kbin.Reader{Src: rec}
-	b.Varint()                                            // length
-	b.Int8()                                              // attributes
-	b.Varlong()                                           // timestamp delta
-	b.Varint()                                            // offset delta
-	b.VarintBytes()                                       // key
-	b.VarintBytes()                                       // value
-	n := b.Varint()                                       // header count
-	if !b.Ok() || n < 0 || int64(n) > int64(len(b.Src)) { // kbin refuses more without allocating
-		return 0
-	}
-	return int64(n)
-}
-
 // fail gives back what decoding charged and returns err.
 func (d *decodedBatch) fail(l *ledger, held int64, err error) (*decodedBatch, error) {
 	l.give(heldOf(l) - held)
 	return nil, err
 }
 
-// done gives back the batch's transient charges.
+// done gives back the batch's transient charges and its scratch, for
+// the next batch (unless pinned). The batch's views must not be used
+// afterwards.
 func (d *decodedBatch) done(l *ledger) {
 	l.give(d.transient)
 	d.transient = 0
+	if d.sc != nil && !d.pinned && l != nil && l.mem != nil {
+		l.mem.pool.put(d.sc)
+	}
+	d.sc, d.views = nil, nil
 }
 
 func heldOf(l *ledger) int64 {
@@ -228,6 +177,10 @@ func heldOf(l *ledger) int64 {
 func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	size := int64(batchHeaderLen)
 	for i := range d.recs {
+		if raw := d.rawOf(i); raw != nil {
+			size += int64(len(raw))
+			continue
+		}
 		size += recordWireLen(&d.recs[i])
 	}
 	// Charged before the batch is built: it may hold payloads just put
@@ -242,6 +195,10 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	buf := make([]byte, room+batchHeaderLen, size)
 	var tmp []byte
 	for i := range d.recs {
+		if raw := d.rawOf(i); raw != nil {
+			buf = append(buf, raw...) // unchanged: its bytes as they came
+			continue
+		}
 		r := &d.recs[i]
 		// Encoded in place with its length known in advance: a record
 		// (a payload put back, say 100 MiB) is copied once, not twice.
@@ -285,6 +242,21 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	out := h.AppendTo(buf[room:room])
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
 	return buf[:room+len(out)], nil
+}
+
+// rawOf returns the bytes of recs[i] as read when it is unchanged, else nil.
+func (d *decodedBatch) rawOf(i int) []byte {
+	if i >= len(d.from) || d.from[i] < 0 || int(d.from[i]) >= len(d.views) {
+		return nil
+	}
+	return d.views[d.from[i]].raw
+}
+
+// edited marks recs[i] as changed: encode writes it from its fields.
+func (d *decodedBatch) edited(i int) {
+	if i < len(d.from) {
+		d.from[i] = -1
+	}
 }
 
 var (

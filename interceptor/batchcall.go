@@ -95,11 +95,11 @@ func (c *Chain) staged(ctx context.Context, w *watch, ps []proc, rs []Record, ba
 func (c *Chain) callBatch(ctx context.Context, w *watch, p *proc, first int, recs []*Record) ([]error, error) {
 	w.name.Store(&p.name)
 	w.index.Store(int64(first))
-	start := time.Now()
-	w.start.Store(start.UnixNano())
+	start := callClock()
+	w.start.Store(start)
 	errs, err := p.batch(ctx, recs)
 	if p.obs != nil {
-		p.obs.Observe(time.Since(start).Seconds())
+		p.obs.Observe(time.Duration(callClock() - start).Seconds())
 	}
 	w.start.Store(0)
 	if err == nil && ctx.Err() != nil {

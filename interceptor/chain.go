@@ -253,9 +253,18 @@ func codeOf(err error, def int16) int16 {
 	return def
 }
 
+// clockBase is where the chain's call clock starts: a call's start is
+// read as the monotonic time since it (one clock reading per call, where
+// time.Now reads two clocks).
+var clockBase = time.Now()
+
+// callClock returns the monotonic ns since clockBase, never 0 (0 marks
+// "between calls" in a watch).
+func callClock() int64 { return int64(time.Since(clockBase)) | 1 }
+
 // watch is the call tracker shared by a partition's worker and its waiter.
 type watch struct {
-	start atomic.Int64 // unix ns the current call started, 0 between calls
+	start atomic.Int64 // callClock when the current call started, 0 between calls
 	name  atomic.Pointer[string]
 	index atomic.Int64
 }
@@ -318,7 +327,7 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 		case <-timer.C:
 			s := w.start.Load()
 			if s != 0 {
-				if over := time.Since(time.Unix(0, s)); over >= c.timeout {
+				if over := time.Duration(callClock() - s); over >= c.timeout {
 					cancel()
 					name := "?"
 					if p := w.name.Load(); p != nil {
@@ -345,12 +354,12 @@ func (c *Chain) run(ctx context.Context, led *ledger, work func(ctx context.Cont
 func (c *Chain) call(ctx context.Context, w *watch, p *proc, index int, r *Record) error {
 	w.name.Store(&p.name)
 	w.index.Store(int64(index))
-	start := time.Now()
-	w.start.Store(start.UnixNano())
+	start := callClock()
+	w.start.Store(start)
 	n := len(r.deferred)
 	err := p.call(ctx, r)
 	if p.obs != nil {
-		p.obs.Observe(time.Since(start).Seconds())
+		p.obs.Observe(time.Duration(callClock() - start).Seconds())
 	}
 	for i := n; i < len(r.deferred); i++ {
 		r.deferred[i].name = p.name

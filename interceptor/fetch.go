@@ -397,7 +397,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 // the fetch offset).
 func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetchPart, raw []byte, emitted int64,
 	room func(int64) bool, aborted bool, headroom int) (out []byte, cut bool, err error) {
-	d, err := decodeBatch(ctx, led, raw)
+	d, err := scanBatch(ctx, led, raw)
 	if err != nil {
 		var eb *errBatch
 		if errors.As(err, &eb) || errors.Is(err, errMagic) || errors.Is(err, ErrDecompressedTooLarge) {
@@ -409,26 +409,39 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	// What the interceptors reserve for this batch's records (payloads
 	// downloaded) is given back once the batch is encoded: the encoded
 	// batch, charged on its own, holds a copy (Record.Reserve's contract).
-	mark := heldOf(led)
+	// (What materializing charges is the batch's, given back by done.)
+	mark, transient := heldOf(led), d.transient
 	var encoded int64
-	defer func() { led.give(heldOf(led) - mark - encoded) }()
+	defer func() { led.give(heldOf(led) - mark - encoded - (d.transient - transient)) }()
 	if d.hdr.Attributes&attrControl != 0 {
 		return raw, false, nil
 	}
 	info := batchInfo(&d.hdr, TopicLimit{})
 	dirty := false
 	var failed error // an interceptor's error after some records were kept
-	// The records kept, filtered in place (keep never passes the record
-	// being read): nothing is copied while every record stays.
-	keep := d.recs[:0]
+	// The records kept: counted, and materialized (keep) only from the
+	// first record left out or changed; until then every record read is
+	// kept as it came, and nothing is copied.
+	var keep []kmsg.Record
+	materialized := false
+	nkept := 0
+	materialize := func() error {
+		if materialized {
+			return nil
+		}
+		var err error
+		keep, err = d.materialize(ctx, led, nkept)
+		materialized = err == nil
+		return err
+	}
 	size := int64(batchHeaderLen) // the batch as it will be encoded, uncompressed
 	lastDelta := int32(-1)        // the offset delta of the last record considered
-	first := func() bool { return fp.firstOK && emitted == 0 && len(keep) == 0 }
-	early := func(kr *kmsg.Record) bool { return fp.from >= 0 && d.hdr.FirstOffset+int64(kr.OffsetDelta) < fp.from }
+	first := func() bool { return fp.firstOK && emitted == 0 && nkept == 0 }
+	early := func(i int) bool { return fp.from >= 0 && d.hdr.FirstOffset+int64(d.views[i].offDelta) < fp.from }
 	// predict is a record's size after the interceptors as far as the
 	// FetchSizers know it in advance (known false: measured after).
-	predict := func(kr *kmsg.Record, r *Record) (n int64, known bool) {
-		n, known = int64(encodedLen(kr)), len(fp.sizers) > 0
+	predict := func(i int, r *Record) (n int64, known bool) {
+		n, known = d.wireLen(i), len(fp.sizers) > 0
 		for _, s := range fp.sizers {
 			g, ok := s.GrowsBy(r)
 			n += g
@@ -440,37 +453,46 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	// fit (from the fetch offset, as predicted) go through them
 	// interceptor by interceptor first (staged: rs[k] is record start+k);
 	// the loop below reads their outcomes and cuts the batch where they end.
+	// Otherwise one Record is filled for each record in turn.
 	var rs []Record
 	var pre []int64
 	var known []bool
 	var outcomes []stageResult
+	var one *Record
 	start := 0
 	if hasBatch(fp.ps) {
 		sz := size
-		for i := range d.recs {
-			kr := &d.recs[i]
-			if early(kr) {
+		rs = make([]Record, 0, len(d.views))
+		for i := range d.views {
+			if early(i) {
 				start = i + 1
 				continue
 			}
-			r := toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
-			r.led, r.Aborted = led, aborted
-			n, k := predict(kr, &r)
-			if !room(sz+n) && !(fp.firstOK && emitted == 0 && len(rs) == 0) {
+			rs = append(rs, Record{})
+			r := &rs[len(rs)-1]
+			d.fill(r, i, fp.topic, fp.partition, info, true, led)
+			r.Aborted = aborted
+			n, k := predict(i, r)
+			if !room(sz+n) && !(fp.firstOK && emitted == 0 && len(rs) == 1) {
+				rs = rs[:len(rs)-1]
 				break
 			}
 			sz += n
-			rs, pre, known = append(rs, r), append(pre, n), append(known, k)
+			pre, known = append(pre, n), append(known, k)
 		}
 		outcomes = c.staged(ctx, w, fp.ps, rs, start)
+	} else {
+		one = &Record{}
 	}
-	for i := range d.recs {
-		kr := &d.recs[i]
-		if early(kr) {
+	for i := range d.views {
+		if early(i) {
 			dirty = true // before the fetch offset: consumers drop it
+			if err := materialize(); err != nil {
+				return nil, false, err
+			}
 			continue
 		}
-		var r Record
+		var r *Record
 		var n int64
 		var known1 bool
 		if rs != nil {
@@ -478,11 +500,12 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 				cut = true // past what was staged: does not fit
 				break
 			}
-			r, n, known1 = rs[i-start], pre[i-start], known[i-start]
+			r, n, known1 = &rs[i-start], pre[i-start], known[i-start]
 		} else {
-			r = toRecord(fp.topic, fp.partition, &d.hdr, info, kr, i, true)
-			r.led, r.Aborted = led, aborted
-			n, known1 = predict(kr, &r)
+			r = one
+			d.fill(r, i, fp.topic, fp.partition, info, true, led)
+			r.Aborted = aborted
+			n, known1 = predict(i, r)
 		}
 		// Over the limits already (as sent, plus the growth a FetchSizer
 		// predicts): left out unread (large-message would download a
@@ -497,7 +520,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			err, pname = outcomes[i-start].err, outcomes[i-start].name
 		} else {
 			for j := range fp.ps {
-				if err = c.call(ctx, w, &fp.ps[j], i, &r); err != nil {
+				if err = c.call(ctx, w, &fp.ps[j], i, r); err != nil {
 					pname = fp.ps[j].name
 					break
 				}
@@ -509,7 +532,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 				skip = true
 			} else {
 				failed = fmt.Errorf("interceptor %s failed the record at offset %d: %w", pname, r.Offset, err)
-				if len(keep) == 0 {
+				if nkept == 0 {
 					return nil, false, failed
 				}
 				// The records so far go out; the consumer meets the error
@@ -520,20 +543,38 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 		}
 		if skip {
 			dirty = true
-			lastDelta = kr.OffsetDelta
+			if err := materialize(); err != nil {
+				return nil, false, err
+			}
+			lastDelta = d.views[i].offDelta
 			continue
 		}
-		if apply(&r, kr) {
+		changed := d.changed(r, i)
+		var kr kmsg.Record
+		if changed {
 			dirty = true
-			n = int64(encodedLen(kr))
+			if err := materialize(); err != nil {
+				return nil, false, err
+			}
+			kr = d.record(i)
+			d.setFrom(&kr, r)
+			n = int64(encodedLen(&kr))
 		}
 		if !known1 && !room(size+n) && !first() {
 			cut = true
 			break
 		}
 		size += n
-		keep = append(keep, *kr)
-		lastDelta = kr.OffsetDelta
+		if materialized {
+			from := int32(-1)
+			if !changed {
+				kr, from = d.record(i), int32(i)
+			}
+			keep = append(keep, kr)
+			d.from = append(d.from, from)
+		}
+		nkept++
+		lastDelta = d.views[i].offDelta
 	}
 	if cut {
 		dirty = true
@@ -541,8 +582,13 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	if !dirty {
 		return raw, false, nil
 	}
-	if len(keep) == 0 && (cut || lastDelta < 0) {
+	if nkept == 0 && (cut || lastDelta < 0) {
 		return nil, cut, nil
+	}
+	// Cut before anything else was left out or changed: the records kept
+	// are the first nkept, as they came.
+	if err := materialize(); err != nil {
+		return nil, false, err
 	}
 	d.recs = keep
 	if cut {

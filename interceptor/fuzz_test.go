@@ -18,12 +18,19 @@ import (
 )
 
 // FuzzRewriteBatch feeds arbitrary record sets to both sides of a chain
-// that changes and skips records: no input may panic, and whatever the
-// chain forwards must be valid batches (CRC, lengths, record counts).
+// that changes and skips records (and leaves those whose value starts with
+// "keep" as they are): no input may panic, and whatever the chain forwards
+// must be valid batches (CRC, lengths, record counts). A chain whose
+// interceptor changes nothing (read in place) must forward a produce
+// request's records, and a fetch response's, as the very bytes it got.
 func FuzzRewriteBatch(f *testing.F) {
 	for attrs := int16(0); attrs <= 4; attrs++ {
 		f.Add(plainBatch(&testing.T{}, attrs, -1, "a", "skip", `{"k":"v"}`), false, uint8(0))
 		f.Add(plainBatch(&testing.T{}, attrs, 7, "idempotent"), false, uint8(0))
+		// In place: unchanged records around changed and skipped ones,
+		// and a batch of unchanged records only.
+		f.Add(plainBatch(&testing.T{}, attrs, -1, "keep1", "a", "keep2", "skip", "keep3"), false, uint8(0))
+		f.Add(append(plainBatch(&testing.T{}, attrs, -1, "keep1", "keep2"), plainBatch(&testing.T{}, attrs, 7, "keep3")...), false, uint8(0))
 		// The records section alone, wrapped with a valid header below.
 		f.Add(plainBatch(&testing.T{}, 0, -1, "a", "skip")[61:], true, uint8(2))
 	}
@@ -33,12 +40,28 @@ func FuzzRewriteBatch(f *testing.F) {
 		if bytes.Equal(r.Value, []byte("skip")) {
 			return ErrSkipRecord
 		}
+		if bytes.HasPrefix(r.Value, []byte("keep")) {
+			return nil
+		}
 		r.Value = append(bytes.Clone(r.Value), '!')
 		r.Headers = append(r.Headers, Header{Key: "h", Value: r.Key})
 		return nil
 	}
 	ch := NewChain([]Instance{{Produce: &funcIcpt{name: "p", re: mustPattern("t"), fn: fn},
 		Fetch: &funcIcpt{name: "f", re: mustPattern("t"), fn: fn}}}, Options{})
+	// look reads every field and changes nothing (validate-json's shape).
+	look := func(_ context.Context, r *Record) error {
+		n := len(r.Key) + len(r.Value)
+		for _, h := range r.Headers {
+			n += len(h.Key) + len(h.Value)
+		}
+		if n < 0 {
+			return errTest
+		}
+		return nil
+	}
+	same := NewChain([]Instance{{Produce: &funcIcpt{name: "p", re: mustPattern("t"), fn: look},
+		Fetch: &funcIcpt{name: "f", re: mustPattern("t"), fn: look}}}, Options{})
 	f.Fuzz(func(t *testing.T, b []byte, wrap bool, n uint8) {
 		if wrap {
 			// A batch with a valid CRC around fuzzed records, so the
@@ -67,6 +90,21 @@ func FuzzRewriteBatch(f *testing.F) {
 		}
 		resp := fetchResponse(map[string][]byte{"t": bytes.Clone(b)})
 		ch.InterceptFetch(context.Background(), resp)
+
+		req = buildRequest(t, map[string][]byte{"t": bytes.Clone(b)})
+		out = same.InterceptProduce(context.Background(), req, allTopics(1<<20))
+		if out.Forward && !bytes.Equal(req.Topics[0].Partitions[0].Records, b) {
+			t.Fatalf("a chain that changes nothing forwarded other bytes (rewritten %d)", out.Rewritten)
+		}
+		out.Release()
+		resp = fetchResponse(map[string][]byte{"t": bytes.Clone(b)})
+		fo := same.InterceptFetch(context.Background(), resp)
+		// A partial batch at the end is dropped; anything else comes
+		// back as it came, or the partition fails.
+		if got := resp.Topics[0].Partitions[0].RecordBatches; len(fo.Failed) == 0 && fo.Truncated == 0 && !bytes.Equal(got, b) {
+			t.Fatalf("a chain that changes nothing returned other bytes (rewritten %d)", fo.Rewritten)
+		}
+		fo.Release()
 	})
 }
 

@@ -35,6 +35,16 @@ type Header = kgo.RecordHeader
 // Record is what one interceptor call sees. Key, Value and Headers may be
 // replaced or changed; the other fields are information and changes to them
 // are ignored. A nil Key or Value is Kafka's null.
+//
+// Key, Value and the headers' values (and names: strings over the same
+// bytes) are views over the batch's bytes (the request's or response's,
+// or the batch's decompressed records): never write into them, assign new
+// slices; and keep none after the call returns without copying it
+// (the decompressed records' buffer serves the next batch), except in
+// Deferred work, whose batch keeps its buffers. Headers is the record's own
+// copy, which may be changed in place. The chain compares the record after
+// the call with what it read: a batch whose records all stay as they came
+// goes out as its bytes, and a field left as it is costs nothing.
 type Record struct {
 	Topic     string
 	Partition int32

@@ -209,6 +209,20 @@ func storeErr(err error) error {
 // threshold, measured exactly with the batch's codec: r gets its final
 // references at once, and the publishing is deferred until the batch fits.
 func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
+	// Most records carry no reference and fit: decided on the record's
+	// headers and length alone, before it is copied into a kgo.Record (a
+	// copy that escapes costs an allocation per record). This is the
+	// serializer's own first step (no reference to adopt, Codec.Fits).
+	if !referenced(r.Headers) {
+		codec := largemessage.Codec{Type: "none"}
+		switch r.Batch.Compression {
+		case "gzip", "snappy", "lz4", "zstd":
+			codec.Type = r.Batch.Compression
+		}
+		if fits, err := codec.Fits(l.limits(r), r.Key, r.Value, r.Headers); err == nil && fits {
+			return nil
+		}
+	}
 	return l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
 		return ser.PlanOffload(ctx, kr, l.limits(r))
 	})
@@ -294,6 +308,14 @@ func (d *deferredPlan) end(err error) {
 	observe.EndSend(d.span, -1, -1, err)
 }
 
+// referenced reports whether hs mark the key or the value as a
+// reference (largemessage.IsOffloaded, IsKeyOffloaded), without copying
+// the record.
+func referenced(hs []Header) bool {
+	marks := kgo.Record{Headers: hs}
+	return largemessage.IsOffloaded(&marks) || largemessage.IsKeyOffloaded(&marks)
+}
+
 // fetchSide is the fetch-time half.
 type fetchSide struct{ l *LargeMessage }
 
@@ -304,7 +326,7 @@ func (f fetchSide) TopicPattern() *regexp.Regexp { return f.l.pattern }
 // read from the record's size header (the digest check stops a download
 // that passes it), less the reference it replaces.
 func (f fetchSide) GrowsBy(r *Record) (int64, bool) {
-	if r.Aborted {
+	if r.Aborted || !referenced(r.Headers) {
 		return 0, true
 	}
 	kr := toKgo(r)
@@ -321,8 +343,7 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) (err error) {
 	// Most records carry no reference: decided on their headers alone,
 	// before the record is copied (a copy that escapes costs an allocation
 	// per record).
-	marks := kgo.Record{Headers: r.Headers}
-	if r.Aborted || !largemessage.IsOffloaded(&marks) && !largemessage.IsKeyOffloaded(&marks) {
+	if r.Aborted || !referenced(r.Headers) {
 		return nil // an aborted record is dropped by consumers: not resolved
 	}
 	kr := toKgo(r)

@@ -65,6 +65,10 @@ type Memory struct {
 	reclaimMu   sync.Mutex
 	reclaimers  map[*func(int64) int64]struct{}
 	reclaimable atomic.Int64
+
+	// pool keeps the buffers of batches read in place for the next ones
+	// (view.go), within the budget.
+	pool bufPool
 }
 
 // takeReclaimable is TryTake for bytes a reclaimer holds (a cache entry):
@@ -90,8 +94,9 @@ func (m *Memory) giveReclaimable(n int64) {
 }
 
 // Reclaimable returns the bytes of the budget that caches hold now (payloads
-// kept by large-message; large.message.payload.cache.max.bytes), which a
-// charge that finds no room takes back first. InUse leaves them out.
+// kept by large-message, large.message.payload.cache.max.bytes; idle
+// buffers of batches read in place, for the next batches), which a charge
+// that finds no room takes back first. InUse leaves them out.
 func (m *Memory) Reclaimable() int64 { return m.reclaimable.Load() }
 
 // addReclaimer registers fn, which frees up to n bytes it holds in m and
@@ -135,7 +140,10 @@ func NewMemory(limit int64) *Memory {
 	if limit <= 0 {
 		limit = DefaultMemoryMax
 	}
-	return &Memory{sem: semaphore.NewWeighted(limit), limit: limit}
+	m := &Memory{sem: semaphore.NewWeighted(limit), limit: limit}
+	m.pool = bufPool{mem: m, max: poolMax(limit)}
+	m.addReclaimer(m.pool.reclaim)
+	return m
 }
 
 // Take takes n bytes for a caller outside the chain (the proxy's frame
@@ -171,12 +179,13 @@ func (m *Memory) TakeUnqueued(ctx context.Context, n int64) error {
 	return nil
 }
 
-// TryTake is Take without waiting: false when the budget has no room now.
+// TryTake is Take without waiting: false when the budget has no room now
+// (idle batch buffers, which the budget counts, are given up for it first).
 func (m *Memory) TryTake(n int64) bool {
 	if n <= 0 {
 		return true
 	}
-	if !m.sem.TryAcquire(n) {
+	if !m.sem.TryAcquire(n) && !(m.pool.reclaim(n) > 0 && m.sem.TryAcquire(n)) {
 		return false
 	}
 	m.inUse.Add(n)
@@ -346,7 +355,10 @@ var decoderBytes = [...]int64{1: 256 << 10, 2: 0, 3: 4<<20 + 256<<10, 4: 10 << 2
 // allocates from a size the input claims. franz-go's own decompressor takes
 // its bound once, at construction, and cannot charge a shared budget as its
 // output grows: hence this wiring of the same libraries.
-func decompress(ctx context.Context, l *ledger, codec int16, src []byte) ([]byte, error) {
+//
+// buf (length 0) is a buffer to decompress into, from a batch done: its
+// capacity is charged to l first, and used as far as it goes.
+func decompress(ctx context.Context, l *ledger, codec int16, src, buf []byte) ([]byte, error) {
 	limit := int64(1<<62 - 1)
 	if l != nil && l.req != nil {
 		if l.req.batchMax > 0 {
@@ -357,6 +369,12 @@ func decompress(ctx context.Context, l *ledger, codec int16, src []byte) ([]byte
 		}
 	}
 	w := &budgetWriter{ctx: ctx, l: l, max: max(limit, 0)}
+	if c := int64(cap(buf)); c > 0 && c <= w.max {
+		if err := l.charge(ctx, c); err != nil {
+			return nil, err
+		}
+		w.buf, w.charged = buf[:0], c
+	}
 	if codec > 0 && int(codec) < len(decoderBytes) {
 		n := decoderBytes[codec]
 		if err := l.charge(ctx, n); err != nil {

@@ -257,9 +257,12 @@ func (bw *batchWork) stored(lim TopicLimit) int64 {
 	if lim.Compression == "" || lim.Compression == "producer" || bw.d == nil {
 		return sent
 	}
-	u := int64(0)
-	for i := range bw.d.recs {
-		u += recordWireLen(&bw.d.recs[i])
+	u := bw.d.recordsLen // as read, when no record was materialized
+	if bw.d.recs != nil {
+		u = 0
+		for i := range bw.d.recs {
+			u += recordWireLen(&bw.d.recs[i])
+		}
 	}
 	return largemessage.StoredBatchSize(lim.Compression, bw.info.Compression, sent, u)
 }
@@ -373,6 +376,7 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 			}
 			if apply(&r, kr) {
 				dirty = true
+				bw.d.edited(i)
 			}
 		}
 		if !dirty {
@@ -405,12 +409,13 @@ func batchFailure(err error) *failure {
 	return fail(kerr.UnknownServerError.Code, err)
 }
 
-// produceBatch runs the interceptors over one batch, shrinks it if needed
-// and checks its size. It returns nil when every record was skipped; the
-// batch's encoding is raw when nothing changed.
+// produceBatch runs the interceptors over one batch, read in place,
+// shrinks it if needed and checks its size. It returns nil when every
+// record was skipped; the batch's encoding is raw when nothing changed (no
+// record materialized, nothing encoded).
 func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic string, partition int32, raw []byte,
 	ps []proc, shrinkers []BatchShrinker, lim TopicLimit) (bw *batchWork, f *failure) {
-	d, err := decodeBatch(ctx, led, raw)
+	d, err := scanBatch(ctx, led, raw)
 	if err != nil {
 		return nil, batchFailure(err)
 	}
@@ -422,34 +427,39 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			d.done(led)
 		}
 	}()
-	bw = &batchWork{d: d, raw: raw, info: batchInfo(&d.hdr, lim), deferred: map[int][]namedDeferred{}}
+	bw = &batchWork{d: d, raw: raw, info: batchInfo(&d.hdr, lim)}
 	dirty, skipped := false, false
-	keep := d.recs[:0:0]
+	// keep: the records kept, materialized from the first record that
+	// changed, was skipped or has deferred work (nil while none has).
+	var keep []kmsg.Record
+	materialized := false
 	// With a BatchInterceptor among ps, the records go through ps
 	// interceptor by interceptor first (staged); the loop below then
-	// reads their outcomes instead of calling ps.
+	// reads their outcomes instead of calling ps. Otherwise one Record is
+	// filled for each record in turn.
 	var rs []Record
 	var outcomes []stageResult
+	var one *Record
 	if hasBatch(ps) {
-		rs = make([]Record, len(d.recs))
-		for i := range d.recs {
-			rs[i] = toRecord(topic, partition, &d.hdr, bw.info, &d.recs[i], i, false)
-			rs[i].led = led
+		rs = make([]Record, len(d.views))
+		for i := range d.views {
+			d.fill(&rs[i], i, topic, partition, bw.info, false, led)
 		}
 		outcomes = c.staged(ctx, w, ps, rs, 0)
+	} else {
+		one = &Record{}
 	}
-	for i := range d.recs {
-		kr := &d.recs[i]
-		var r Record
+	for i := range d.views {
+		var r *Record
 		var err error
 		var pname string
 		if rs != nil {
-			r, err, pname = rs[i], outcomes[i].err, outcomes[i].name
+			r, err, pname = &rs[i], outcomes[i].err, outcomes[i].name
 		} else {
-			r = toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
-			r.led = led
+			r = one
+			d.fill(r, i, topic, partition, bw.info, false, led)
 			for j := range ps {
-				if err = c.call(ctx, w, &ps[j], i, &r); err != nil {
+				if err = c.call(ctx, w, &ps[j], i, r); err != nil {
 					pname = ps[j].name
 					break
 				}
@@ -469,17 +479,38 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			}
 			skip = true
 		}
+		changed := !skip && d.changed(r, i)
+		if !materialized && (skip || changed || len(r.deferred) > 0) {
+			// Every record before this one is kept as it came.
+			if keep, err = d.materialize(ctx, led, i); err != nil {
+				return nil, batchFailure(err)
+			}
+			materialized = true
+		}
 		if skip {
 			skipped, dirty = true, true
 			continue
 		}
-		if apply(&r, kr) {
-			dirty = true
+		if !materialized {
+			continue
+		}
+		kr, from := d.record(i), int32(i)
+		if changed {
+			d.setFrom(&kr, r)
+			dirty, from = true, -1
 		}
 		if len(r.deferred) > 0 {
+			if bw.deferred == nil {
+				bw.deferred = map[int][]namedDeferred{}
+			}
 			bw.deferred[len(keep)] = r.deferred
+			d.pinned = true // the deferred work may hold the record's bytes
 		}
-		keep = append(keep, *kr)
+		keep = append(keep, kr)
+		d.from = append(d.from, from)
+	}
+	if materialized {
+		d.recs = keep
 	}
 	if skipped {
 		if len(keep) == 0 {
@@ -487,8 +518,8 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			return nil, nil
 		}
 		renumber(&d.hdr, keep)
+		d.from = nil // new offset and timestamp deltas: every record encoded
 	}
-	d.recs = keep
 	bw.enc = raw
 	if dirty {
 		if bw.enc, err = d.encode(ctx, led); err != nil {
@@ -496,13 +527,19 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 		}
 	}
 	if lim.over(bw.stored(lim)) && len(shrinkers) > 0 {
+		if d.recs == nil {
+			if d.recs, err = d.materialize(ctx, led, len(d.views)); err != nil {
+				return nil, batchFailure(err)
+			}
+		}
+		d.pinned = true // shrinking defers work that holds the records' bytes
 		if err := c.shrink(ctx, w, led, topic, partition, bw, shrinkers, lim); err != nil {
 			return nil, &failure{code: codeOf(err, kerr.InvalidRecord.Code), msg: err.Error(), err: err}
 		}
 	}
 	if n := bw.stored(lim); lim.over(n) {
 		err := fmt.Errorf("the record batch is %d bytes (%s, %d records; as the broker stores it, topic compression.type %s) after interceptors, over the topic's max.message.bytes %d; nothing was published",
-			n, bw.info.Compression, len(d.recs), lim.compression(), lim.MaxMessageBytes)
+			n, bw.info.Compression, d.count(), lim.compression(), lim.MaxMessageBytes)
 		return nil, fail(kerr.MessageTooLarge.Code, err)
 	}
 	return bw, nil
@@ -545,6 +582,9 @@ func encodedLen(r *kmsg.Record) int { return int(recordWireLen(r)) }
 func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string, partition int32, bw *batchWork,
 	shrinkers []BatchShrinker, lim TopicLimit) error {
 	d := bw.d
+	if bw.deferred == nil {
+		bw.deferred = map[int][]namedDeferred{}
+	}
 	idx := make([]int, 0, len(d.recs))
 	for i := range d.recs {
 		if len(bw.deferred[i]) == 0 {
@@ -586,6 +626,7 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 			if !apply(&r, kr) {
 				continue
 			}
+			d.edited(i)
 			if gain := before - encodedLen(kr); gain > 0 {
 				freed += gain
 				if len(r.deferred) > 0 {

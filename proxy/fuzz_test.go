@@ -75,6 +75,20 @@ func FuzzProduceRequest(f *testing.F) {
 			req.Topics = append(req.Topics, rt)
 		}
 		f.Add(v, req.AppendTo(nil))
+		// Records every interceptor leaves as they are (valid JSON
+		// without a redacted field, values under large-message's
+		// threshold): the batches are read in place and forwarded as
+		// their bytes.
+		req.Topics = req.Topics[:0]
+		for _, topic := range []string{"json", "red", "lm"} {
+			rt := kmsg.NewProduceRequestTopic()
+			rt.Topic = topic
+			rp := kmsg.NewProduceRequestTopicPartition()
+			rp.Records = seedBatch(int16(v%2)*4, `{"x":1,"b":[{"d":2}]}`, `[]`)
+			rt.Partitions = append(rt.Partitions, rp)
+			req.Topics = append(req.Topics, rt)
+		}
+		f.Add(v, req.AppendTo(nil))
 	}
 	ch := fuzzChain(f)
 	f.Fuzz(func(t *testing.T, version int16, body []byte) { fuzzProduceRequest(t, ch, version, body) })
@@ -132,6 +146,11 @@ func FuzzFetchResponse(f *testing.F) {
 			resp.Topics = append(resp.Topics, rt)
 		}
 		f.Add(v, resp.AppendTo(nil), int32(1<<20), int32(1000))
+		// Records every interceptor leaves as they are (read in place).
+		for i := range resp.Topics {
+			resp.Topics[i].Partitions[0].RecordBatches = append(seedBatch(0, `{"x":"y"}`), seedBatch(4, `{}`, `[1]`)...)
+		}
+		f.Add(v, resp.AppendTo(nil), int32(1<<20), int32(1048572)) // fetch offset 1048572 % 7 = 0
 	}
 	ch := fuzzChain(f)
 	f.Fuzz(func(t *testing.T, version int16, body []byte, maxBytes, partMax int32) {

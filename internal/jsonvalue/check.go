@@ -13,6 +13,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -50,7 +51,21 @@ func ParseMaxDepth(config map[string]string) (int, error) {
 // last one sees what a check of the first one let through). Numbers are
 // checked against JSON's grammar only (1e400 is valid JSON).
 func Check(b []byte, maxDepth int) error {
-	dec := jsontext.NewDecoder(bytes.NewReader(b), jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false))
+	// A value of a usual size is read with a decoder reused from value to
+	// value (its buffers and name sets: a new one costs a dozen
+	// allocations); a large one gets its own, so that no pooled decoder
+	// keeps a large buffer.
+	var dec *jsontext.Decoder
+	if len(b) <= pooledCheckMax {
+		c := checkers.Get().(*checker)
+		defer checkers.Put(c)
+		c.rd.Reset(b)
+		c.dec.Reset(&c.rd, checkOpts...)
+		defer c.rd.Reset(nil) // the pooled reader keeps no value
+		dec = &c.dec
+	} else {
+		dec = jsontext.NewDecoder(bytes.NewReader(b), checkOpts...)
+	}
 	values := 0 // complete top-level values read
 	for {
 		_, err := dec.ReadToken()
@@ -74,6 +89,20 @@ func Check(b []byte, maxDepth int) error {
 		}
 	}
 }
+
+// pooledCheckMax is the largest value Check reads with a pooled decoder.
+const pooledCheckMax = 64 << 10
+
+// checker is a decoder and its reader, reused by Check.
+type checker struct {
+	dec jsontext.Decoder
+	rd  bytes.Reader
+}
+
+var (
+	checkers  = sync.Pool{New: func() any { return new(checker) }}
+	checkOpts = []jsontext.Options{jsontext.AllowDuplicateNames(false), jsontext.AllowInvalidUTF8(false)}
+)
 
 // invalidJSON is the error for b, which a jsontext.Decoder failed to read
 // with err.
