@@ -86,7 +86,7 @@ func (w *avroWalk) value(s avro.Schema, depth int) error {
 	}
 	switch t := s.(type) {
 	case *avro.RefSchema:
-		return w.value(t.Schema(), depth+1)
+		return w.value(t.Schema(), depth) // the named type's own level counts
 	case *avro.RecordSchema:
 		for _, f := range t.Fields() {
 			if err := w.value(f.Type(), depth+1); err != nil {
@@ -128,10 +128,8 @@ func (w *avroWalk) value(s avro.Schema, depth int) error {
 		return nil
 	case *avro.FixedSchema:
 		return w.skip(int64(t.Size()), "fixed")
-	case *avro.PrimitiveSchema:
-		return w.primitive(t.Type())
 	}
-	return w.fail("schema type %s is not supported", s.Type())
+	return w.primitive(s.Type()) // null, primitives and logical types over them
 }
 
 func (w *avroWalk) primitive(t avro.Type) error {
@@ -167,7 +165,7 @@ func (w *avroWalk) primitive(t avro.Type) error {
 		}
 		return w.skip(n, string(t))
 	}
-	return w.fail("primitive type %s is not supported", t)
+	return w.fail("schema type %s is not supported", t)
 }
 
 // blocks reads an array's or map's blocks: a count (negative: its absolute

@@ -220,7 +220,7 @@ func (r *Registry) schema(ctx context.Context, id int) (*parsedSchema, error) {
 			cost += int64(len(ref.Name) + len(ref.Subject))
 		}
 		if cost > r.cfg.CacheMaxBytes/4 {
-			return nil, fmt.Errorf("%w: schema id %d is %d bytes, over a quarter of the cache bound (schema.registry.cache.max.bytes/16)", ErrBadSchema, id, len(s.Schema))
+			return nil, fmt.Errorf("%w: schema id %d is %d bytes, over %d (schema.registry.cache.max.bytes/16)", ErrBadSchema, id, len(s.Schema), r.cfg.CacheMaxBytes/16)
 		}
 		if len(s.References) > 0 {
 			return nil, fmt.Errorf("%w: schema id %d uses schema references, which validate-schema does not support yet", ErrBadSchema, id)
