@@ -164,6 +164,10 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 			return fmt.Errorf("%w: the record's %s (schema id %d) could not be checked: %w", kerr.KafkaStorageError, side, id, err)
 		case errors.Is(err, schemareg.ErrNotFramed):
 			return fmt.Errorf("%w: the record's %s is %w", kerr.InvalidRecord, side, err)
+		case !errors.Is(err, schemareg.ErrUnknownSchema) && !errors.Is(err, schemareg.ErrInvalidPayload) && !errors.Is(err, schemareg.ErrBadSchema):
+			// Not a verdict on the record (another caller's time budget
+			// ending during a shared call): retriable.
+			return fmt.Errorf("%w: the record's %s (schema id %d) could not be checked: %w", kerr.KafkaStorageError, side, id, err)
 		}
 		if subject == "" {
 			return fmt.Errorf("%w: the record's %s, schema id %d: %w", kerr.InvalidRecord, side, id, err)

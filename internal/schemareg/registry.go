@@ -208,12 +208,10 @@ func (r *Registry) schema(ctx context.Context, id int) (*parsedSchema, error) {
 	if e, ok := r.get(key); ok {
 		return e.schema, nil
 	}
-	v, err, _ := r.group.Do(key, func() (any, error) {
-		cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-		defer cancel()
+	v, err := r.shared(ctx, key, func(cctx context.Context) (any, error) {
 		s, err := r.cfg.Client.SchemaByID(cctx, id)
 		if err != nil {
-			return nil, r.callError(ctx, fmt.Sprintf("GET /schemas/ids/%d", id), err, id)
+			return nil, callError(fmt.Sprintf("GET /schemas/ids/%d", id), err, id)
 		}
 		cost := 4 * int64(len(s.Schema))
 		for _, ref := range s.References {
@@ -254,12 +252,10 @@ func (r *Registry) registered(ctx context.Context, subject string, id int) error
 	key := "r" + strconv.Itoa(id) + "\x00" + subject
 	e, ok := r.get(key)
 	if !ok {
-		v, err, _ := r.group.Do(key, func() (any, error) {
-			cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-			defer cancel()
+		v, err := r.shared(ctx, key, func(cctx context.Context) (any, error) {
 			vs, err := r.cfg.Client.SchemaVersionsByID(cctx, id)
 			if err != nil {
-				return nil, r.callError(ctx, fmt.Sprintf("GET /schemas/ids/%d/versions", id), err, id)
+				return nil, callError(fmt.Sprintf("GET /schemas/ids/%d/versions", id), err, id)
 			}
 			found := false
 			for _, sv := range vs {
@@ -284,14 +280,29 @@ func (r *Registry) registered(ctx context.Context, subject string, id int) error
 	return nil
 }
 
-// callError classifies a registry call's error: 404 (Confluent's 40403
-// schema not found, 40401 subject not found) is ErrUnknownSchema, the
-// caller's own context ending is returned as it is, anything else
-// (connection, timeout, 5xx, 401/403) is ErrUnavailable.
-func (r *Registry) callError(ctx context.Context, op string, err error, id int) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+// shared runs one registry call for all the records that need key at once
+// (singleflight). The call runs under its own Config.Timeout, detached from
+// the first caller's context, so that one request's time budget ending does
+// not fail the others sharing the call; each caller waits only as long as
+// its own ctx allows.
+func (r *Registry) shared(ctx context.Context, key string, call func(context.Context) (any, error)) (any, error) {
+	ch := r.group.DoChan(key, func() (any, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.Timeout)
+		defer cancel()
+		return call(cctx)
+	})
+	select {
+	case res := <-ch:
+		return res.Val, res.Err
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
+}
+
+// callError classifies a registry call's error: 404 (Confluent's 40403
+// schema not found, 40401 subject not found) is ErrUnknownSchema, anything
+// else (connection, timeout, 5xx, 401/403) is ErrUnavailable.
+func callError(op string, err error, id int) error {
 	var re *sr.ResponseError
 	if errors.As(err, &re) && re.StatusCode == http.StatusNotFound {
 		return fmt.Errorf("%w: the registry knows no schema id %d", ErrUnknownSchema, id)
