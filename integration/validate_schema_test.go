@@ -152,7 +152,7 @@ func TestValidateSchemaKcatAvro(t *testing.T) {
 		name, reason string
 		value        []byte
 	}{
-		{"unregistered id", "subject orders-value has not registered schema id " + strconv.Itoa(unknownID),
+		{"unregistered id", "subject orders-value, schema id " + strconv.Itoa(unknownID) + ": schema id not registered under the subject",
 			schemareg.AppendFrame(nil, unknownID, nil, order)},
 		{"id of another subject", "subject orders-value has not registered schema id " + strconv.Itoa(other.ID),
 			schemareg.AppendFrame(nil, other.ID, nil, []byte{2})},

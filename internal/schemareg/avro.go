@@ -20,10 +20,17 @@ type avroSchema struct {
 	name string // the full name of a named top-level schema, else ""
 }
 
-func parseAvro(text string) (*avroSchema, error) {
+func parseAvro(text string, refs []namedText) (*avroSchema, error) {
 	// A fresh cache per schema: the package-level one would grow with every
-	// schema the registry serves and mix their names.
-	s, err := avro.ParseWithCache(text, "", &avro.SchemaCache{})
+	// schema the registry serves and mix their names. References are
+	// parsed into it first, so that the schema can name their types.
+	cache := &avro.SchemaCache{}
+	for _, ref := range refs {
+		if _, err := avro.ParseWithCache(ref.text, "", cache); err != nil {
+			return nil, fmt.Errorf("%w: Avro reference %s: %v", ErrBadSchema, ref.name, err)
+		}
+	}
+	s, err := avro.ParseWithCache(text, "", cache)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Avro: %v", ErrBadSchema, err)
 	}

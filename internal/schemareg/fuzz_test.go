@@ -12,7 +12,7 @@ import (
 // JSON Schema, Protobuf) and checks a hostile framed payload under it: no
 // panic, no hang, and every failure is one of the package's errors.
 func FuzzSchemaDecode(f *testing.F) {
-	as, _ := parseAvro(testAvroSchema)
+	as, _ := parseAvro(testAvroSchema, nil)
 	good, _ := avro.Marshal(as.s, testAvroValue())
 	f.Add(uint8(0), testAvroSchema, AppendFrame(nil, 1, nil, good))
 	f.Add(uint8(0), `{"type":"record","name":"L","fields":[{"name":"n","type":["null","L"]}]}`, AppendFrame(nil, 1, nil, []byte{2, 2, 0}))
@@ -30,7 +30,7 @@ func FuzzSchemaDecode(f *testing.F) {
 		switch kind % 3 {
 		case 0:
 			var s *avroSchema
-			if s, err = parseAvro(schema); err == nil {
+			if s, err = parseAvro(schema, nil); err == nil {
 				var fr Frame
 				if fr, err = ParseFrame(b, false); err == nil {
 					err = s.validate(ctx, fr.Payload, lim)
@@ -38,7 +38,7 @@ func FuzzSchemaDecode(f *testing.F) {
 			}
 		case 1:
 			var s *jsonSchema
-			if s, err = parseJSONSchema(1, schema, lim); err == nil {
+			if s, err = parseJSONSchema(1, schema, nil, lim); err == nil {
 				var fr Frame
 				if fr, err = ParseFrame(b, false); err == nil {
 					err = s.validate(ctx, fr.Payload, lim)
@@ -46,7 +46,7 @@ func FuzzSchemaDecode(f *testing.F) {
 			}
 		case 2:
 			var s *protoSchema
-			if s, err = parseProtobuf(ctx, schema); err == nil {
+			if s, err = parseProtobuf(ctx, schema, nil); err == nil {
 				var fr Frame
 				if fr, err = ParseFrame(b, true); err == nil {
 					if _, err = s.recordName(fr.Indexes); err == nil {

@@ -29,18 +29,23 @@ func (noLoader) Load(url string) (any, error) {
 	return nil, fmt.Errorf("$ref to %q: schemas that load other documents are not supported", url)
 }
 
-func parseJSONSchema(id int, text string, lim Limits) (*jsonSchema, error) {
-	// The schema is JSON too: bound its nesting before the recursive
-	// compiler reads it.
-	if err := jsonvalue.Check([]byte(text), lim.MaxDepth); err != nil {
-		return nil, fmt.Errorf("%w: JSON Schema: %v", ErrBadSchema, err)
-	}
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
-	if err != nil {
-		return nil, fmt.Errorf("%w: JSON Schema: not JSON: %v", ErrBadSchema, err)
-	}
+func parseJSONSchema(id int, text string, refs []namedText, lim Limits) (*jsonSchema, error) {
 	c := jsonschema.NewCompiler()
 	c.UseLoader(noLoader{})
+	// References are resources under the names the schema's $ref uses.
+	for _, ref := range refs {
+		rdoc, err := jsonDoc(ref.text, lim)
+		if err == nil {
+			err = c.AddResource(ref.name, rdoc)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: JSON Schema reference %s: %v", ErrBadSchema, ref.name, err)
+		}
+	}
+	doc, err := jsonDoc(text, lim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: JSON Schema: %v", ErrBadSchema, err)
+	}
 	loc := fmt.Sprintf("ferry-registry-schema-%d.json", id)
 	if err := c.AddResource(loc, doc); err != nil {
 		return nil, fmt.Errorf("%w: JSON Schema: %v", ErrBadSchema, err)
@@ -54,6 +59,19 @@ func parseJSONSchema(id int, text string, lim Limits) (*jsonSchema, error) {
 		js.title, _ = m["title"].(string)
 	}
 	return js, nil
+}
+
+// jsonDoc reads a schema's JSON, its nesting bounded first (the compiler
+// reads recursively).
+func jsonDoc(text string, lim Limits) (any, error) {
+	if err := jsonvalue.Check([]byte(text), lim.MaxDepth); err != nil {
+		return nil, err
+	}
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("not JSON: %v", err)
+	}
+	return doc, nil
 }
 
 func (j *jsonSchema) validate(_ context.Context, b []byte, lim Limits) error {

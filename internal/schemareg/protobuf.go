@@ -21,10 +21,17 @@ type protoSchema struct {
 
 const protoFileName = "ferry-registry-schema.proto"
 
-func parseProtobuf(ctx context.Context, text string) (*protoSchema, error) {
+func parseProtobuf(ctx context.Context, text string, refs []namedText) (*protoSchema, error) {
+	// References are the files the schema imports, by import path.
+	sources := map[string]string{protoFileName: text}
+	for _, ref := range refs {
+		if ref.name != protoFileName {
+			sources[ref.name] = ref.text
+		}
+	}
 	c := protocompile.Compiler{
 		Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-			Accessor: protocompile.SourceAccessorFromMap(map[string]string{protoFileName: text}),
+			Accessor: protocompile.SourceAccessorFromMap(sources),
 		}),
 	}
 	files, err := c.Compile(ctx, protoFileName)

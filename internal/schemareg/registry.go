@@ -147,7 +147,10 @@ func (r *Registry) Check(ctx context.Context, topic string, isKey bool, strategy
 	}
 	s, err := r.schema(ctx, f.ID)
 	if err != nil {
-		return "", f.ID, err
+		if strategy == TopicName { // the subject is known without the schema
+			subject, _ = (&parsedSchema{}).subject(topic, isKey, TopicName, nil)
+		}
+		return subject, f.ID, err
 	}
 	if s.typ == sr.TypeProtobuf {
 		if f.Indexes, f.Payload, err = parseIndexes(f.Payload); err != nil {
@@ -213,24 +216,25 @@ func (r *Registry) schema(ctx context.Context, id int) (*parsedSchema, error) {
 		if err != nil {
 			return nil, callError(fmt.Sprintf("GET /schemas/ids/%d", id), err, id)
 		}
+		refs, err := r.references(cctx, s.References, id)
+		if err != nil {
+			return nil, err
+		}
 		cost := 4 * int64(len(s.Schema))
-		for _, ref := range s.References {
-			cost += int64(len(ref.Name) + len(ref.Subject))
+		for _, ref := range refs {
+			cost += 4*int64(len(ref.text)) + int64(len(ref.name))
 		}
 		if cost > r.cfg.CacheMaxBytes/4 {
-			return nil, fmt.Errorf("%w: schema id %d is %d bytes, over %d (schema.registry.cache.max.bytes/16)", ErrBadSchema, id, len(s.Schema), r.cfg.CacheMaxBytes/16)
-		}
-		if len(s.References) > 0 {
-			return nil, fmt.Errorf("%w: schema id %d uses schema references, which validate-schema does not support yet", ErrBadSchema, id)
+			return nil, fmt.Errorf("%w: schema id %d is %d bytes with its references, over %d (schema.registry.cache.max.bytes/16)", ErrBadSchema, id, cost/4, r.cfg.CacheMaxBytes/16)
 		}
 		p := &parsedSchema{id: id, typ: s.Type}
 		switch s.Type {
 		case sr.TypeAvro:
-			p.avro, err = parseAvro(s.Schema)
+			p.avro, err = parseAvro(s.Schema, refs)
 		case sr.TypeJSON:
-			p.json, err = parseJSONSchema(id, s.Schema, r.cfg.Limits)
+			p.json, err = parseJSONSchema(id, s.Schema, refs, r.cfg.Limits)
 		case sr.TypeProtobuf:
-			p.proto, err = parseProtobuf(cctx, s.Schema)
+			p.proto, err = parseProtobuf(cctx, s.Schema, refs)
 		default:
 			err = fmt.Errorf("%w: schema type %q", ErrBadSchema, s.Type)
 		}
@@ -244,6 +248,52 @@ func (r *Registry) schema(ctx context.Context, id int) (*parsedSchema, error) {
 		return nil, err
 	}
 	return v.(*parsedSchema), nil
+}
+
+// Bounds of a schema's references (Confluent's schema references: another
+// subject's version, named as the referring schema names it: an Avro full
+// name, a JSON Schema $ref URL, a Protobuf import path).
+const (
+	maxReferenceDepth = 10
+	maxReferences     = 100
+)
+
+// namedText is one referenced schema: the name it is referred to by and its
+// text.
+type namedText struct{ name, text string }
+
+// references fetches refs and theirs (GET /subjects/{subject}/versions/
+// {version}), each once, and returns them dependencies first: the order in
+// which Avro must parse them.
+func (r *Registry) references(ctx context.Context, refs []sr.SchemaReference, id int) ([]namedText, error) {
+	var out []namedText
+	seen := map[string]bool{}
+	var walk func(refs []sr.SchemaReference, depth int) error
+	walk = func(refs []sr.SchemaReference, depth int) error {
+		if len(refs) > 0 && depth > maxReferenceDepth {
+			return fmt.Errorf("%w: schema id %d: references nest deeper than %d", ErrBadSchema, id, maxReferenceDepth)
+		}
+		for _, ref := range refs {
+			key := ref.Subject + "\x00" + strconv.Itoa(ref.Version)
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			if len(seen) > maxReferences {
+				return fmt.Errorf("%w: schema id %d: more than %d references", ErrBadSchema, id, maxReferences)
+			}
+			ss, err := r.cfg.Client.SchemaByVersion(ctx, ref.Subject, ref.Version)
+			if err != nil {
+				return callError(fmt.Sprintf("GET /subjects/%s/versions/%d (a reference of schema id %d)", ref.Subject, ref.Version, id), err, id)
+			}
+			if err := walk(ss.References, depth+1); err != nil {
+				return err
+			}
+			out = append(out, namedText{name: ref.Name, text: ss.Schema.Schema})
+		}
+		return nil
+	}
+	return out, walk(refs, 1)
 }
 
 // registered checks that subject has registered schema id (GET

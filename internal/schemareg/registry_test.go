@@ -23,6 +23,7 @@ import (
 type fakeRegistry struct {
 	schemas map[int]sr.Schema
 	subject map[int][]string
+	byVer   map[string]sr.Schema // "subject/version" for references
 	down    atomic.Bool
 	calls   atomic.Int64
 }
@@ -35,6 +36,17 @@ func (f *fakeRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var id int
 	var rest string
+	if sub, ok := strings.CutPrefix(r.URL.Path, "/subjects/"); ok {
+		name, ver, _ := strings.Cut(sub, "/versions/")
+		s, ok := f.byVer[name+"/"+ver]
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error_code":40401,"message":"Subject not found"}`))
+			return
+		}
+		_ = json.NewEncoder(w).Encode(sr.SubjectSchema{Subject: name, Version: 1, ID: 100, Schema: s})
+		return
+	}
 	if _, err := fmt.Sscanf(r.URL.Path, "/schemas/ids/%d", &id); err != nil {
 		http.NotFound(w, r)
 		return
@@ -80,7 +92,7 @@ func TestRegistryCheck(t *testing.T) {
 	}
 	reg := newTestRegistry(t, f, 1<<20)
 	ctx := context.Background()
-	as, _ := parseAvro(testAvroSchema)
+	as, _ := parseAvro(testAvroSchema, nil)
 	avroBytes, err := avro.Marshal(as.s, testAvroValue())
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +117,7 @@ func TestRegistryCheck(t *testing.T) {
 		subject string
 	}{
 		{"unframed", "orders", avroBytes, ErrNotFramed, ""},
-		{"unknown id", "orders", AppendFrame(nil, 99, nil, avroBytes), ErrUnknownSchema, ""},
+		{"unknown id", "orders", AppendFrame(nil, 99, nil, avroBytes), ErrUnknownSchema, "orders-value"},
 		{"id of another subject", "orders", AppendFrame(nil, 4, nil, []byte{2}), ErrUnknownSchema, "orders-value"},
 		{"bytes that do not decode", "orders", AppendFrame(nil, 1, nil, avroBytes[:5]), ErrInvalidPayload, "orders-value"},
 		{"key subject", "orders", good, ErrUnknownSchema, "orders-key"},
@@ -161,5 +173,56 @@ func TestRegistryCacheBound(t *testing.T) {
 	}
 	if _, _, err := reg.Check(context.Background(), "t", false, TopicName, AppendFrame(nil, 1000, nil, []byte{7})); !errors.Is(err, ErrBadSchema) {
 		t.Fatalf("schema over a sixteenth of the cache: %v, want ErrBadSchema", err)
+	}
+}
+
+// Schema references (Avro named types, JSON Schema $ref, Protobuf imports)
+// are fetched from their subjects' versions, nested ones first; a missing
+// one and a cycle are bounded.
+func TestRegistryReferences(t *testing.T) {
+	item := `{"type":"record","name":"Item","namespace":"dev.ferry.test","fields":[{"name":"sku","type":"string"}]}`
+	order := `{"type":"record","name":"Order","namespace":"dev.ferry.test","fields":[{"name":"item","type":"dev.ferry.test.Item"}]}`
+	f := &fakeRegistry{
+		schemas: map[int]sr.Schema{
+			1: {Schema: order, References: []sr.SchemaReference{{Name: "dev.ferry.test.Item", Subject: "item", Version: 1}}},
+			2: {Schema: `{"type":"object","properties":{"a":{"$ref":"a.json"}}}`, Type: sr.TypeJSON,
+				References: []sr.SchemaReference{{Name: "a.json", Subject: "a", Version: 1}}},
+			3: {Schema: "syntax = \"proto3\";\nimport \"item.proto\";\nmessage Order { Item item = 1; }\n", Type: sr.TypeProtobuf,
+				References: []sr.SchemaReference{{Name: "item.proto", Subject: "pitem", Version: 1}}},
+			4: {Schema: order, References: []sr.SchemaReference{{Name: "dev.ferry.test.Item", Subject: "missing", Version: 1}}},
+			5: {Schema: order, References: []sr.SchemaReference{{Name: "x", Subject: "loop0", Version: 1}}},
+		},
+		subject: map[int][]string{1: {"orders-value"}, 2: {"orders-value"}, 3: {"orders-value"}, 4: {"orders-value"}, 5: {"orders-value"}},
+		byVer: map[string]sr.Schema{
+			"item/1":  {Schema: item},
+			"a/1":     {Schema: `{"type":"integer"}`, Type: sr.TypeJSON},
+			"pitem/1": {Schema: "syntax = \"proto3\";\nmessage Item { string sku = 1; }\n", Type: sr.TypeProtobuf},
+		},
+	}
+	for i := range maxReferenceDepth + 2 { // a chain longer than the bound
+		f.byVer[fmt.Sprintf("loop%d/1", i)] = sr.Schema{Schema: `"null"`, References: []sr.SchemaReference{{Name: "x", Subject: fmt.Sprintf("loop%d", i+1), Version: 1}}}
+	}
+	reg := newTestRegistry(t, f, 1<<20)
+	ctx := context.Background()
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 1, nil, []byte{6, 'a', 'b', 'c'})); err != nil {
+		t.Fatalf("Avro with a reference: %v", err)
+	}
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 1, nil, []byte{6, 'a'})); !errors.Is(err, ErrInvalidPayload) {
+		t.Fatalf("Avro with a reference, truncated: %v", err)
+	}
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 2, nil, []byte(`{"a":1}`))); err != nil {
+		t.Fatalf("JSON Schema with a reference: %v", err)
+	}
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 2, nil, []byte(`{"a":"x"}`))); !errors.Is(err, ErrInvalidPayload) {
+		t.Fatalf("JSON Schema with a reference, invalid: %v", err)
+	}
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 3, []int{0}, []byte{0x0a, 0x02, 0x0a, 0x00})); err != nil {
+		t.Fatalf("Protobuf with an import: %v", err)
+	}
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 4, nil, []byte{0})); !errors.Is(err, ErrUnknownSchema) {
+		t.Fatalf("a missing reference: %v", err)
+	}
+	if _, _, err := reg.Check(ctx, "orders", false, TopicName, AppendFrame(nil, 5, nil, []byte{0})); !errors.Is(err, ErrBadSchema) || !strings.Contains(err.Error(), "deeper than") {
+		t.Fatalf("references nested past the bound: %v", err)
 	}
 }

@@ -84,7 +84,7 @@ func testAvroValue() map[string]any {
 }
 
 func TestAvroValidAndHostile(t *testing.T) {
-	s, err := parseAvro(testAvroSchema)
+	s, err := parseAvro(testAvroSchema, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestAvroValidAndHostile(t *testing.T) {
 			append(bytes.Repeat([]byte{2}, 10000), 0)},
 	}
 	for _, tc := range hostile {
-		s, err := parseAvro(tc.schema)
+		s, err := parseAvro(tc.schema, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -140,7 +140,7 @@ func TestAvroValidAndHostile(t *testing.T) {
 		}
 	}
 	// At the bounds exactly: MaxItems items and MaxDepth levels pass.
-	arr, _ := parseAvro(`{"type":"array","items":"null"}`)
+	arr, _ := parseAvro(`{"type":"array","items":"null"}`, nil)
 	if err := arr.validate(ctx, append(binary.AppendVarint(nil, testLimits.MaxItems), 0), testLimits); err != nil {
 		t.Fatalf("array of exactly MaxItems: %v", err)
 	}
@@ -148,14 +148,14 @@ func TestAvroValidAndHostile(t *testing.T) {
 		t.Fatalf("array of MaxItems+1: %v", err)
 	}
 	for _, bad := range []string{``, `{`, `{"type":"record","name":"R","fields":[{"name":"a","type":"Nope"}]}`, `"nope"`} {
-		if _, err := parseAvro(bad); !errors.Is(err, ErrBadSchema) {
+		if _, err := parseAvro(bad, nil); !errors.Is(err, ErrBadSchema) {
 			t.Errorf("schema %q: %v, want ErrBadSchema", bad, err)
 		}
 	}
 }
 
 func TestAvroDepthBound(t *testing.T) {
-	s, err := parseAvro(`{"type":"record","name":"L","fields":[{"name":"n","type":["null","L"]}]}`)
+	s, err := parseAvro(`{"type":"record","name":"L","fields":[{"name":"n","type":["null","L"]}]}`, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ const testProto = "syntax = \"proto3\";\npackage dev.ferry.test;\n\nmessage Orde
 
 func TestProtobuf(t *testing.T) {
 	ctx := context.Background()
-	p, err := parseProtobuf(ctx, testProto)
+	p, err := parseProtobuf(ctx, testProto, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestProtobuf(t *testing.T) {
 		t.Fatalf("record name of [0 0]: %q, %v", n, err)
 	}
 	// Deep nesting of a recursive message is bounded by MaxDepth.
-	r, err := parseProtobuf(ctx, "syntax = \"proto3\";\nmessage N { N n = 1; }\n")
+	r, err := parseProtobuf(ctx, "syntax = \"proto3\";\nmessage N { N n = 1; }\n", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestProtobuf(t *testing.T) {
 		t.Fatalf("100 levels under depth 64: %v", err)
 	}
 	for _, bad := range []string{"", "syntax = \"proto3\";\nmessage A { B b = 1; }\n", "syntax = \"proto3\";\nimport \"/etc/passwd\";\n", "message {"} {
-		if _, err := parseProtobuf(ctx, bad); !errors.Is(err, ErrBadSchema) && bad != "" {
+		if _, err := parseProtobuf(ctx, bad, nil); !errors.Is(err, ErrBadSchema) && bad != "" {
 			t.Errorf("schema %q: %v, want ErrBadSchema", bad, err)
 		}
 	}
@@ -232,7 +232,7 @@ const testJSONSchema = `{"$schema":"http://json-schema.org/draft-07/schema#","ti
 
 func TestJSONSchema(t *testing.T) {
 	ctx := context.Background()
-	j, err := parseJSONSchema(1, testJSONSchema, testLimits)
+	j, err := parseJSONSchema(1, testJSONSchema, nil, testLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestJSONSchema(t *testing.T) {
 	}
 	for _, bad := range []string{`{"$ref":"file:///etc/passwd"}`, `{"$ref":"http://127.0.0.1:1/x.json"}`, `{"type":`,
 		strings.Repeat(`{"items":`, 100) + `{}` + strings.Repeat(`}`, 100), `{"type":"nope"}`} {
-		if _, err := parseJSONSchema(2, bad, testLimits); !errors.Is(err, ErrBadSchema) {
+		if _, err := parseJSONSchema(2, bad, nil, testLimits); !errors.Is(err, ErrBadSchema) {
 			t.Errorf("schema %.40q: %v, want ErrBadSchema", bad, err)
 		}
 	}
