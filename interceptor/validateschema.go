@@ -98,7 +98,7 @@ func init() { Register("validate-schema", newValidateSchema) }
 // validate.schema.registry.unavailable.allow is true. side defaults to
 // produce.
 func newValidateSchema(_ context.Context, config map[string]string) (Instance, error) {
-	cl, err := schemaRegistryClient(config)
+	cl, tr, err := schemaRegistryClient(config)
 	if err != nil {
 		return Instance{}, err
 	}
@@ -185,21 +185,26 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 		}
 		return nil
 	}
-	return instance("validate-schema", config, "produce", check, check)
+	in, err := instance("validate-schema", config, "produce", check, check)
+	if err != nil {
+		return Instance{}, err
+	}
+	in.Close = func() error { tr.CloseIdleConnections(); return nil }
+	return in, nil
 }
 
 // schemaRegistryClient builds the sr client from the connection keys.
-func schemaRegistryClient(config map[string]string) (*sr.Client, error) {
+func schemaRegistryClient(config map[string]string) (*sr.Client, *http.Transport, error) {
 	raw := strings.TrimSpace(config[KeySchemaRegistryURL])
 	if raw == "" {
-		return nil, fmt.Errorf("%s is required", KeySchemaRegistryURL)
+		return nil, nil, fmt.Errorf("%s is required", KeySchemaRegistryURL)
 	}
 	var urls []string
 	var urlUser *url.Userinfo
 	for _, s := range strings.Split(raw, ",") {
 		u, err := url.Parse(strings.TrimSpace(s))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("%s: %q is not an http or https URL", KeySchemaRegistryURL, s)
+			return nil, nil, fmt.Errorf("%s: %q is not an http or https URL", KeySchemaRegistryURL, s)
 		}
 		if u.User != nil {
 			urlUser, u.User = u.User, nil
@@ -216,33 +221,33 @@ func schemaRegistryClient(config map[string]string) (*sr.Client, error) {
 	case "USER_INFO":
 		user, pass, ok := strings.Cut(config[KeyBasicAuthUserInfo], ":")
 		if !ok {
-			return nil, fmt.Errorf("%s: want user:password for %s=USER_INFO", KeyBasicAuthUserInfo, KeyBasicAuthSource)
+			return nil, nil, fmt.Errorf("%s: want user:password for %s=USER_INFO", KeyBasicAuthUserInfo, KeyBasicAuthSource)
 		}
 		opts = append(opts, sr.BasicAuth(user, pass))
 	default:
-		return nil, fmt.Errorf("%s: %q is not USER_INFO or URL", KeyBasicAuthSource, config[KeyBasicAuthSource])
+		return nil, nil, fmt.Errorf("%s: %q is not USER_INFO or URL", KeyBasicAuthSource, config[KeyBasicAuthSource])
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if t := strings.TrimSpace(config[KeySchemaRegistryTruststoreType]); t != "" && !strings.EqualFold(t, "PEM") {
-		return nil, fmt.Errorf("%s: %q: only PEM truststores are read", KeySchemaRegistryTruststoreType, t)
+		return nil, nil, fmt.Errorf("%s: %q: only PEM truststores are read", KeySchemaRegistryTruststoreType, t)
 	}
 	if f := strings.TrimSpace(config[KeySchemaRegistryTruststore]); f != "" {
 		pem, err := os.ReadFile(f)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", KeySchemaRegistryTruststore, err)
+			return nil, nil, fmt.Errorf("%s: %w", KeySchemaRegistryTruststore, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: %s holds no PEM certificate", KeySchemaRegistryTruststore, f)
+			return nil, nil, fmt.Errorf("%s: %s holds no PEM certificate", KeySchemaRegistryTruststore, f)
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
 	opts = append(opts, sr.HTTPClient(&http.Client{Transport: tr}))
 	cl, err := sr.NewClient(opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", KeySchemaRegistryURL, err)
+		return nil, nil, fmt.Errorf("%s: %w", KeySchemaRegistryURL, err)
 	}
-	return cl, nil
+	return cl, tr, nil
 }
 
 func msKey(config map[string]string, key string, def time.Duration) (time.Duration, error) {
