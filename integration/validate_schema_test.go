@@ -320,3 +320,55 @@ func TestValidateSchemaRegistryDown(t *testing.T) {
 		t.Fatalf("end offset %d, want 1: nothing invalid appended", off)
 	}
 }
+
+// JSON Schema and Protobuf as the real registry serves them (its
+// schemaType, Protobuf as schema text), under TopicNameStrategy: valid
+// records appended, invalid ones refused with their reason.
+func TestValidateSchemaFormats(t *testing.T) {
+	reg := schemaRegistry(t)
+	url := os.Getenv("FERRY_SCHEMA_REGISTRY_URL")
+	ctx := ctxT(t, time.Minute)
+	jsonTopic, protoTopic := clientTopic(t, 1, nil), clientTopic(t, 1, nil)
+	js, err := reg.CreateSchema(ctx, jsonTopic+"-value", sr.Schema{Schema: ordersJSON, Type: sr.TypeJSON})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := reg.CreateSchema(ctx, protoTopic+"-value", sr.Schema{Schema: ordersProto, Type: sr.TypeProtobuf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	via := validateSchemaProxy(t, url)
+
+	protoOrder := []byte{0x08, 0x2a, 0x12, 0x01, 'w'} // id 42, item "w"
+	for _, tc := range []struct {
+		name, topic string
+		value       []byte
+		reason      string // "" for accepted
+	}{
+		{"JSON valid", jsonTopic, schemareg.AppendFrame(nil, js.ID, nil, []byte(`{"id":1,"item":"w"}`)), ""},
+		{"JSON missing a required member", jsonTopic, schemareg.AppendFrame(nil, js.ID, nil, []byte(`{"item":"w"}`)), "JSON Schema"},
+		{"JSON not JSON", jsonTopic, schemareg.AppendFrame(nil, js.ID, nil, []byte(`{"id":`)), "payload does not decode"},
+		{"Protobuf valid", protoTopic, schemareg.AppendFrame(nil, ps.ID, []int{0}, protoOrder), ""},
+		{"Protobuf truncated", protoTopic, schemareg.AppendFrame(nil, ps.ID, []int{0}, protoOrder[:4]), "Protobuf dev.ferry.test.Order"},
+		{"Protobuf index of no message", protoTopic, schemareg.AppendFrame(nil, ps.ID, []int{3}, protoOrder), "name no message"},
+		{"Protobuf id on the JSON topic", jsonTopic, schemareg.AppendFrame(nil, ps.ID, []int{0}, protoOrder), "not registered under the subject"},
+	} {
+		p := produceAnswer(t, via, tc.topic, tc.value)
+		msg := ""
+		if p.ErrorMessage != nil {
+			msg = *p.ErrorMessage
+		}
+		if tc.reason == "" {
+			if p.ErrorCode != 0 {
+				t.Fatalf("%s: code %d, %s", tc.name, p.ErrorCode, msg)
+			}
+			continue
+		}
+		if p.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(msg, tc.reason) {
+			t.Fatalf("%s: code %d, message %q; want INVALID_RECORD naming %q", tc.name, p.ErrorCode, msg, tc.reason)
+		}
+	}
+	if a, b := endOffset(t, jsonTopic), endOffset(t, protoTopic); a != 1 || b != 1 {
+		t.Fatalf("end offsets %d and %d, want 1 and 1: only the valid records appended", a, b)
+	}
+}
