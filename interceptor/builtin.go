@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -14,8 +15,8 @@ const KeySide = "side"
 // besides the large.message.* keys of large-message (largemessage.Keys,
 // largemessage.ParseConfig).
 func Keys() []string {
-	return append([]string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
-		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile, KeyPayloadCacheMax}, encryptKeys...)
+	return slices.Concat([]string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
+		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile, KeyPayloadCacheMax}, encryptKeys, validateSchemaKeys)
 }
 
 // named is the common part of the built-ins.

@@ -1,0 +1,106 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/ferrykit/ferry/internal/schemareg"
+)
+
+func TestValidateSchemaConfig(t *testing.T) {
+	for _, tc := range []struct {
+		config map[string]string
+		want   string
+	}{
+		{map[string]string{}, KeySchemaRegistryURL + " is required"},
+		{map[string]string{KeySchemaRegistryURL: "ftp://x"}, "not an http or https URL"},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeyValueSubjectStrategy: "Nope"}, KeyValueSubjectStrategy},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeyValidateSchemaValue: "false"}, "nothing to validate"},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeyBasicAuthSource: "SASL_INHERIT"}, KeyBasicAuthSource},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeyBasicAuthSource: "USER_INFO"}, KeyBasicAuthUserInfo},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeySchemaRegistryCacheMax: "10"}, KeySchemaRegistryCacheMax},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeyValidateSchemaMaxDepth: "0"}, KeyValidateSchemaMaxDepth},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeySchemaRegistryTruststoreType: "JKS"}, "only PEM"},
+		{map[string]string{KeySchemaRegistryURL: "http://r", KeySchemaRegistryTruststore: "/nonexistent.pem"}, KeySchemaRegistryTruststore},
+	} {
+		_, err := New(context.Background(), "validate-schema", tc.config)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("config %v: error %v, want one naming %q", tc.config, err, tc.want)
+		}
+	}
+}
+
+// The codes producers get: INVALID_RECORD naming side, subject and id for a
+// bad record; KAFKA_STORAGE_ERROR (retriable) when the registry fails, or
+// the record let through with validate.schema.registry.unavailable.allow.
+// The registry here is a stub for the outage only; integration tests use a
+// real one.
+func TestValidateSchemaCodes(t *testing.T) {
+	var down atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case down.Load():
+			http.Error(w, "down", http.StatusServiceUnavailable)
+		case r.URL.Path == "/schemas/ids/1":
+			_, _ = w.Write([]byte(`{"schema":"\"long\""}`))
+		case r.URL.Path == "/schemas/ids/1/versions":
+			_, _ = w.Write([]byte(`[{"subject":"orders-value","version":1}]`))
+		default:
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = w.Write([]byte(`{"error_code":40403,"message":"Schema not found"}`))
+		}
+	}))
+	defer srv.Close()
+	build := func(extra map[string]string) ProduceRequestInterceptor {
+		cfg := map[string]string{KeySchemaRegistryURL: srv.URL}
+		for k, v := range extra {
+			cfg[k] = v
+		}
+		in, err := New(context.Background(), "validate-schema", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in.Produce
+	}
+	p := build(nil)
+	ctx := context.Background()
+	rec := func(v []byte) *Record { return &Record{Topic: "orders", Value: v, Key: []byte("not framed")} }
+	if err := p.ProcessRecord(ctx, rec(schemareg.AppendFrame(nil, 1, nil, []byte{0x54}))); err != nil {
+		t.Fatalf("valid record: %v", err)
+	}
+	if err := p.ProcessRecord(ctx, rec(nil)); err != nil {
+		t.Fatalf("tombstone: %v", err)
+	}
+	for _, tc := range []struct {
+		v    []byte
+		want string
+	}{
+		{[]byte("plain"), "the record's value is not in the Confluent wire format"},
+		{schemareg.AppendFrame(nil, 2, nil, []byte{0x54}), "schema id 2: schema id not registered"},
+		{schemareg.AppendFrame(nil, 1, nil, []byte{0x80}), "subject orders-value, schema id 1: payload does not decode"},
+	} {
+		err := p.ProcessRecord(ctx, rec(tc.v))
+		if !errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("value %x: %v, want INVALID_RECORD with %q", tc.v, err, tc.want)
+		}
+	}
+	// Keys are checked only when asked.
+	if err := build(map[string]string{KeyValidateSchemaKey: "true"}).ProcessRecord(ctx, rec(schemareg.AppendFrame(nil, 1, nil, []byte{0x54}))); !errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), "key") {
+		t.Fatalf("unframed key with validate.schema.key: %v", err)
+	}
+	down.Store(true)
+	fresh := rec(schemareg.AppendFrame(nil, 3, nil, []byte{0x54}))
+	if err := p.ProcessRecord(ctx, fresh); !errors.Is(err, kerr.KafkaStorageError) {
+		t.Fatalf("registry down: %v, want KAFKA_STORAGE_ERROR", err)
+	}
+	if err := build(map[string]string{KeyValidateSchemaUnavailableAllow: "true"}).ProcessRecord(ctx, fresh); err != nil {
+		t.Fatalf("registry down with %s: %v", KeyValidateSchemaUnavailableAllow, err)
+	}
+}
