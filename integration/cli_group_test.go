@@ -220,7 +220,8 @@ func TestCLIConsumeGroupUnreadableNotCommitted(t *testing.T) {
 
 // Two ferry consume processes in one group split a four-partition topic's
 // partitions: each writes some of the 40 records, together each record
-// once; on SIGTERM each commits what it wrote and leaves the group.
+// once; on SIGTERM each commits what it wrote (no periodic commit comes
+// first) and leaves the group.
 func TestCLIConsumeGroupTwoMembers(t *testing.T) {
 	b := brokers(t)
 	bin := buildFerry(t)
@@ -230,7 +231,10 @@ func TestCLIConsumeGroupTwoMembers(t *testing.T) {
 	var ps []*ferryProc
 	for i := range 2 {
 		ps = append(ps, startFerryProc(t, bin, "consume", "--brokers", b, "--topic", topic, "--group", group,
-			"--out", filepath.Join(dir, fmt.Sprint("out", i)), "--timeout", "0"))
+			"--out", filepath.Join(dir, fmt.Sprint("out", i)), "--timeout", "0",
+			// No periodic commit within the test: what is committed, is
+			// committed on exit.
+			"-X", "auto.commit.interval.ms=3600000"))
 	}
 	// Both members hold partitions before any record is produced.
 	adm := kadm.NewClient(client(t))
