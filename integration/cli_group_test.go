@@ -125,7 +125,7 @@ func TestCLIConsumeGroupResumes(t *testing.T) {
 		}
 		return parseConsumeLines(t, out)
 	}
-	first := consume(filepath.Join(dir, "out1"), "--group", group, "-n", "5")
+	first := consume(filepath.Join(dir, "out1"), "--group", group, "-n", "5", "--timeout", "2m")
 	second := consume(filepath.Join(dir, "out2"), "--group", group, "-n", "7", "--timeout", "2m")
 	if len(first) != 5 || len(second) != 7 {
 		t.Fatalf("runs wrote %d and %d records, want 5 and 7", len(first), len(second))
