@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -175,12 +174,4 @@ func parseBalancers(v string) ([]kgo.GroupBalancer, error) {
 		return nil, usageErrorf("consume: %s is empty", keyAssignmentStrategy)
 	}
 	return bs, nil
-}
-
-// groupNote is " in group G" for messages, "" without a group.
-func (g groupConfig) note() string {
-	if g.id == "" {
-		return ""
-	}
-	return fmt.Sprintf(" in group %s", g.id)
 }
