@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,19 +22,20 @@ import (
 const defaultIdle = 10 * time.Second
 
 type consumeFlags struct {
-	brokers, topic, store, out string
-	n                          int
-	fromBeginning              bool
-	idle                       time.Duration
+	brokers, topic, store, out, group string
+	n                                 int
+	fromBeginning, fromBeginningSet   bool
+	idle                              time.Duration
 }
 
 func (a *app) consumeCommand() *cobra.Command {
 	var f consumeFlags
 	cmd := &cobra.Command{
-		Use:   "consume --brokers HOST:PORT[,...] --topic TOPIC [--store URL] [--out DIR] [-n N] [--timeout DURATION]",
+		Use:   "consume --brokers HOST:PORT[,...] --topic TOPIC [--group GROUP] [--store URL] [--out DIR] [-n N] [--timeout DURATION]",
 		Short: "Consume records, resolving large-message references, to files or standard output",
-		Long: `Consume TOPIC without a consumer group, from the start of every partition
-(--from-beginning=false: only new records). Each record's value is resolved
+		Long: `Consume TOPIC from the start of every partition (--from-beginning=false or
+auto.offset.reset=latest: only new records), without a consumer group unless
+--group GROUP (or the property group.id) names one. Each record's value is resolved
 through the payload store as it streams, its size and SHA-256 checked against
 the record's headers, and written to a file in DIR (--out DIR; the file
 appears only once it checked out) or to standard output, values back to back
@@ -58,9 +60,26 @@ records were written.
 A record that cannot be resolved (payload missing, digest mismatch, store
 unreachable) stops ferry with an error naming its topic, partition and
 offset, unless large.message.skip.not.found.error=true and the payload is
-missing: then it is reported as a warning and skipped.`,
+missing: then it is reported as a warning and skipped.
+
+With --group GROUP, ferry joins the consumer group GROUP (franz-go's group
+consumer; partition.assignment.strategy, default cooperative-sticky) and
+reads each partition it is assigned from the group's committed offset; a
+partition without one starts where --from-beginning or auto.offset.reset
+says (as kafka-console-consumer --group does). It commits a record's offset
+only once the record was written out (its payload read and verified,
+its file renamed into place, or its bytes written to standard output) or
+skipped: every auto.commit.interval.ms (default 5000), when the group takes
+a partition away, and on exit (-n N reached, --timeout, Ctrl-C, SIGTERM, or
+an error: then up to the last record written). The next run with the same
+group starts after the last record written, so no record is written twice
+and none is skipped. ferry leaves the group on exit, so the others take its
+partitions at once. enable.auto.commit=false: join the group but commit
+nothing. A failed final commit is an error: the records after the last
+committed offset will be read again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.fromBeginningSet = cmd.Flags().Changed("from-beginning")
 			return a.consume(cmd.Context(), f)
 		},
 	}
@@ -70,7 +89,8 @@ missing: then it is reported as a warning and skipped.`,
 	fl.StringVar(&f.store, "store", "", "payload store `URL` or directory (property "+largemessage.KeyStoreURL+")")
 	fl.StringVarP(&f.out, "out", "o", "", "write each value to a file in `DIR`, named as the file produce sent (else TOPIC-PARTITION-OFFSET), instead of standard output")
 	fl.IntVarP(&f.n, "count", "n", 0, "stop after `N` records (0: no limit), records skipped by large.message.skip.not.found.error included, as Kafka's console consumer counts --max-messages")
-	fl.BoolVar(&f.fromBeginning, "from-beginning", true, "start at the earliest offset of each partition (false: the latest)")
+	fl.BoolVar(&f.fromBeginning, "from-beginning", true, "start at the earliest offset of each partition (false: the latest); with --group, of each partition the group has no committed offset for (property auto.offset.reset)")
+	fl.StringVarP(&f.group, "group", "g", "", "join consumer group `GROUP`, resume from its committed offsets and commit each record once written (property group.id)")
 	fl.DurationVar(&f.idle, "timeout", defaultIdle, "stop when no record arrives for this `DURATION` (0: wait for ever)")
 	return cmd
 }
@@ -94,12 +114,17 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 	if err != nil {
 		return err
 	}
-	start := kgo.NewOffset().AtStart()
-	if !f.fromBeginning {
-		start = kgo.NewOffset().AtEnd()
+	start, err := startOffset(s.props, f.fromBeginning, f.fromBeginningSet)
+	if err != nil {
+		return err
+	}
+	g, err := parseGroup(s.props, strings.TrimSpace(f.group), s.cfg.MaxPollInterval)
+	if err != nil {
+		return err
 	}
 	s.readOnly = true
-	store, cl, closeAll, err := s.open(ctx, kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start))
+	opts := append([]kgo.Opt{kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start)}, g.opts...)
+	store, cl, closeAll, err := s.open(ctx, opts...)
 	if err != nil {
 		return err
 	}
@@ -111,8 +136,37 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		cl:  cl,
 		de:  s.cfg.NewDeserializer(store),
 		out: f.out, stdout: a.stdout,
+		commit: g.id != "" && g.commit,
 	}
-	return c.run(ctx, f.n, f.idle)
+	err = c.run(ctx, f.n, f.idle)
+	if g.id == "" {
+		return err
+	}
+	cl.AllowRebalance()
+	if cerr := c.commitWritten(g.id); cerr != nil {
+		if err == nil {
+			return cerr
+		}
+		slog.Warn(cerr.Error())
+	}
+	return err
+}
+
+// commitWritten commits the offsets of the records written (marked) and not
+// yet committed, within closeTimeout: ctx may have ended (Ctrl-C), and what
+// was written is committed all the same.
+func (c *consumer) commitWritten(group string) error {
+	if !c.commit || c.last == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if err := c.cl.CommitMarkedOffsets(ctx); err != nil {
+		return fmt.Errorf("committing the offsets written to group %s (the last %s/%d@%d): %w; the records after the group's last committed offset will be read again",
+			group, c.last.Topic, c.last.Partition, c.last.Offset, err)
+	}
+	slog.Info("committed", "group", group, "last", fmt.Sprintf("%s/%d@%d", c.last.Topic, c.last.Partition, c.last.Offset))
+	return nil
 }
 
 type consumer struct {
@@ -120,6 +174,9 @@ type consumer struct {
 	de     *largemessage.Deserializer
 	out    string
 	stdout io.Writer
+	// commit: mark each record written (or skipped) for the group's
+	// commits (kgo.AutoCommitMarks).
+	commit bool
 
 	last    *kgo.Record     // the last record written out
 	partial bool            // a value was cut short on standard output
@@ -178,9 +235,15 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 				}
 				return err
 			}
+			if c.commit {
+				c.cl.MarkCommitRecords(r)
+			}
 			c.last = r
 			done++
 		}
+		// The records polled are written: the group may rebalance
+		// (kgo.BlockRebalanceOnPoll; a no-op without a group).
+		c.cl.AllowRebalance()
 		if len(recs) == 0 && timedOut {
 			if max > 0 {
 				slog.Warn(fmt.Sprintf("no new record for %s; stopping after %d of %d records", idle, done, max))

@@ -16,13 +16,14 @@ import (
 // usage error naming the key it is near (misspelledKey), so that
 // "large.mesage.threshold.bytes" cannot silently leave the default in force.
 
-// clientKeys are the properties ferry produce, consume and gc read.
+// clientKeys are the properties ferry produce, consume and gc read
+// (consumerKeys: the consumer group's, read by consume alone).
 func clientKeys() []string {
 	return append([]string{
 		keyBootstrap, keyClientID, keyMaxRequestSize,
 		largemessage.KeyCompressionType, largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval,
 		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
-	}, append(largemessage.Keys(), kafkaconf.Keys()...)...)
+	}, slices.Concat(consumerKeys(), largemessage.Keys(), kafkaconf.Keys())...)
 }
 
 // interceptorKeys are the properties the proxy's built-in interceptors read
