@@ -246,6 +246,16 @@ func TestProxyShutdownDrainsInFlight(t *testing.T) {
 	fp.Partition, fp.PartitionMaxBytes = 0, 1<<20
 	ft.Partitions = append(ft.Partitions, fp)
 	fetch.Topics = append(fetch.Topics, ft)
+	// And until the broker serves the partition: Metadata may name the
+	// leader before the leader serves it (NOT_LEADER_OR_FOLLOWER, seen on a
+	// loaded machine). A probe Fetch that does not wait proves it.
+	probe := *fetch
+	probe.MaxWaitMillis, probe.MinBytes = 0, 1
+	waitFor(t, 30*time.Second, func() bool {
+		r, err := probe.RequestWith(ctx, cl)
+		return err == nil && r.ErrorCode == 0 && len(r.Topics) == 1 && len(r.Topics[0].Partitions) == 1 &&
+			r.Topics[0].Partitions[0].ErrorCode == 0
+	}, func() string { return "the partition's leader does not serve Fetch" })
 
 	type result struct {
 		resp kmsg.Response
