@@ -87,7 +87,7 @@ func TestAttackEncKMSDecryptPerFetchRetryOfForgedRecord(t *testing.T) {
 		}
 	}
 	via := interceptorProxy(t, 0, encryptSpec(topic, key))
-	before := len(fp.Requests())
+	before, failedBefore := len(fp.Requests()), fp.UpstreamFailures()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	done := make(chan int, 2)
@@ -106,8 +106,12 @@ func TestAttackEncKMSDecryptPerFetchRetryOfForgedRecord(t *testing.T) {
 		}()
 	}
 	errs := <-done + <-done
-	calls := len(fp.Requests()) - before
-	t.Logf("%d forged wrapped keys, 2 consumers for 5 s: %d KMS requests (%d fetch errors surfaced)", parts, calls, errs)
+	// The KMS's answers: a request the KMS server did not answer (a loaded
+	// machine: the fault proxy's own 502, then the SDK's retries) is a
+	// transient failure, rightly not remembered, and not counted.
+	unanswered := fp.UpstreamFailures() - failedBefore
+	calls := len(fp.Requests()) - before - unanswered
+	t.Logf("%d forged wrapped keys, 2 consumers for 5 s: %d KMS requests answered, %d unanswered (%d fetch errors surfaced)", parts, calls, unanswered, errs)
 	if calls > parts+1 {
 		t.Fatalf("%d forged wrapped keys made the proxy call the KMS %d times in 5 s (a failed unwrap is not cached)", parts, calls)
 	}

@@ -53,6 +53,9 @@ type Proxy struct {
 	delay    time.Duration
 	cutAfter int64
 	log      []Request
+	// upstreamFailures: requests passed through that the upstream did not
+	// answer (the reverse proxy's own 502).
+	upstreamFailures int
 }
 
 // Request records one request the proxy saw.
@@ -82,9 +85,20 @@ func New(upstream string) (*Proxy, error) {
 		}
 		p.mu.Unlock()
 	}
+	p.rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		p.mu.Lock()
+		p.upstreamFailures++
+		p.mu.Unlock()
+		w.WriteHeader(http.StatusBadGateway)
+	}
 	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
 	return p, nil
 }
+
+// UpstreamFailures returns how many requests passed through got no answer
+// from the upstream (connection refused, reset, timed out: the proxy
+// answered 502 itself).
+func (p *Proxy) UpstreamFailures() int { p.mu.Lock(); defer p.mu.Unlock(); return p.upstreamFailures }
 
 // URL is the proxy's base URL, "http://127.0.0.1:PORT".
 func (p *Proxy) URL() string { return p.srv.URL }
