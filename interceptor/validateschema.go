@@ -2,19 +2,12 @@ package interceptor
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/url"
-	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/ferrykit/ferry/internal/schemareg"
 )
@@ -24,26 +17,26 @@ import (
 const (
 	// KeySchemaRegistryURL is the registry's Confluent-compatible base
 	// URL (required); several, comma-separated, are tried in order.
-	KeySchemaRegistryURL = "schema.registry.url"
+	KeySchemaRegistryURL = schemareg.KeyURL
 	// KeyBasicAuthSource is Confluent's basic.auth.credentials.source:
 	// USER_INFO (basic.auth.user.info), URL (the user info of the URL) or
 	// unset (no authentication unless the URL carries user info).
-	KeyBasicAuthSource = "basic.auth.credentials.source"
+	KeyBasicAuthSource = schemareg.KeyBasicAuthSource
 	// KeyBasicAuthUserInfo is "user:password" for USER_INFO.
-	KeyBasicAuthUserInfo = "basic.auth.user.info"
+	KeyBasicAuthUserInfo = schemareg.KeyBasicAuthUserInfo
 	// KeySchemaRegistryTruststore is a PEM file of CA certificates the
 	// registry's TLS certificate must chain to (default: the system's).
-	KeySchemaRegistryTruststore = "schema.registry.ssl.truststore.location"
+	KeySchemaRegistryTruststore = schemareg.KeyTruststore
 	// KeySchemaRegistryTruststoreType must be PEM when set (JKS and
 	// PKCS12 stores are not read).
-	KeySchemaRegistryTruststoreType = "schema.registry.ssl.truststore.type"
+	KeySchemaRegistryTruststoreType = schemareg.KeyTruststoreType
 	// KeySchemaRegistryTimeout bounds each registry call, in ms (default
 	// 3000, below the chain's 5000 ms budget).
-	KeySchemaRegistryTimeout = "schema.registry.request.timeout.ms"
+	KeySchemaRegistryTimeout = schemareg.KeyTimeout
 	// KeySchemaRegistryCacheMax bounds the cache of parsed schemas and
 	// subject registrations, in bytes (default 67108864, 64 MiB); a schema
 	// over a sixteenth of it is refused.
-	KeySchemaRegistryCacheMax = "schema.registry.cache.max.bytes"
+	KeySchemaRegistryCacheMax = schemareg.KeyCacheMax
 	// KeyValidateSchemaKey: check record keys (default false).
 	KeyValidateSchemaKey = "validate.schema.key"
 	// KeyValidateSchemaValue: check record values (default true).
@@ -75,12 +68,11 @@ var validateSchemaKeys = []string{KeySchemaRegistryURL, KeyBasicAuthSource, KeyB
 
 // Defaults of validate-schema's keys.
 const (
-	DefaultSchemaRegistryTimeout   = 3 * time.Second
-	DefaultSchemaRegistryCacheMax  = 64 << 20
-	DefaultValidateSchemaMaxDepth  = 1000
-	DefaultValidateSchemaMaxItems  = 10_000_000
-	maxValidateSchemaMaxDepth      = 10000
-	minSchemaRegistryCacheMaxBytes = 64 << 10
+	DefaultSchemaRegistryTimeout  = schemareg.DefaultTimeout
+	DefaultSchemaRegistryCacheMax = schemareg.DefaultCacheMax
+	DefaultValidateSchemaMaxDepth = schemareg.DefaultMaxDepth
+	DefaultValidateSchemaMaxItems = schemareg.DefaultMaxItems
+	maxValidateSchemaMaxDepth     = 10000
 )
 
 func init() { Register("validate-schema", newValidateSchema) }
@@ -98,15 +90,7 @@ func init() { Register("validate-schema", newValidateSchema) }
 // validate.schema.registry.unavailable.allow is true. side defaults to
 // produce.
 func newValidateSchema(_ context.Context, config map[string]string) (Instance, error) {
-	cl, tr, err := schemaRegistryClient(config)
-	if err != nil {
-		return Instance{}, err
-	}
-	timeout, err := msKey(config, KeySchemaRegistryTimeout, DefaultSchemaRegistryTimeout)
-	if err != nil {
-		return Instance{}, err
-	}
-	cacheMax, err := intKey(config, KeySchemaRegistryCacheMax, DefaultSchemaRegistryCacheMax, minSchemaRegistryCacheMaxBytes, 1<<40)
+	regCfg, tr, err := schemareg.FromProps(config, "ferry-validate-schema")
 	if err != nil {
 		return Instance{}, err
 	}
@@ -141,8 +125,8 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 	if !ok {
 		return Instance{}, fmt.Errorf("%s: %q is not TopicNameStrategy, RecordNameStrategy or TopicRecordNameStrategy", KeyValueSubjectStrategy, config[KeyValueSubjectStrategy])
 	}
-	reg := schemareg.New(schemareg.Config{Client: cl, Timeout: timeout, CacheMaxBytes: cacheMax,
-		Limits: schemareg.Limits{MaxDepth: int(depth), MaxItems: items}})
+	regCfg.Limits = schemareg.Limits{MaxDepth: int(depth), MaxItems: items}
+	reg := schemareg.New(regCfg)
 	checkSide := func(ctx context.Context, r *Record, isKey bool, st schemareg.Strategy, b []byte) error {
 		if b == nil {
 			return nil
@@ -193,78 +177,8 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 	return in, nil
 }
 
-// schemaRegistryClient builds the sr client from the connection keys.
-func schemaRegistryClient(config map[string]string) (*sr.Client, *http.Transport, error) {
-	raw := strings.TrimSpace(config[KeySchemaRegistryURL])
-	if raw == "" {
-		return nil, nil, fmt.Errorf("%s is required", KeySchemaRegistryURL)
-	}
-	var urls []string
-	var urlUser *url.Userinfo
-	for _, s := range strings.Split(raw, ",") {
-		u, err := url.Parse(strings.TrimSpace(s))
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, nil, fmt.Errorf("%s: %q is not an http or https URL", KeySchemaRegistryURL, s)
-		}
-		if u.User != nil {
-			urlUser, u.User = u.User, nil
-		}
-		urls = append(urls, u.String())
-	}
-	opts := []sr.ClientOpt{sr.URLs(urls...), sr.UserAgent("ferry-validate-schema")}
-	switch src := strings.ToUpper(strings.TrimSpace(config[KeyBasicAuthSource])); src {
-	case "", "URL":
-		if urlUser != nil {
-			pass, _ := urlUser.Password()
-			opts = append(opts, sr.BasicAuth(urlUser.Username(), pass))
-		}
-	case "USER_INFO":
-		user, pass, ok := strings.Cut(config[KeyBasicAuthUserInfo], ":")
-		if !ok {
-			return nil, nil, fmt.Errorf("%s: want user:password for %s=USER_INFO", KeyBasicAuthUserInfo, KeyBasicAuthSource)
-		}
-		opts = append(opts, sr.BasicAuth(user, pass))
-	default:
-		return nil, nil, fmt.Errorf("%s: %q is not USER_INFO or URL", KeyBasicAuthSource, config[KeyBasicAuthSource])
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if t := strings.TrimSpace(config[KeySchemaRegistryTruststoreType]); t != "" && !strings.EqualFold(t, "PEM") {
-		return nil, nil, fmt.Errorf("%s: %q: only PEM truststores are read", KeySchemaRegistryTruststoreType, t)
-	}
-	if f := strings.TrimSpace(config[KeySchemaRegistryTruststore]); f != "" {
-		pem, err := os.ReadFile(f)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", KeySchemaRegistryTruststore, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("%s: %s holds no PEM certificate", KeySchemaRegistryTruststore, f)
-		}
-		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	}
-	opts = append(opts, sr.HTTPClient(&http.Client{Transport: tr}))
-	cl, err := sr.NewClient(opts...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", KeySchemaRegistryURL, err)
-	}
-	return cl, tr, nil
-}
-
-func msKey(config map[string]string, key string, def time.Duration) (time.Duration, error) {
-	n, err := intKey(config, key, def.Milliseconds(), 1, 3_600_000)
-	return time.Duration(n) * time.Millisecond, err
-}
-
 func intKey(config map[string]string, key string, def, lo, hi int64) (int64, error) {
-	v := strings.TrimSpace(config[key])
-	if v == "" {
-		return def, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < lo || n > hi {
-		return 0, fmt.Errorf("%s: %q is not an integer between %d and %d", key, config[key], lo, hi)
-	}
-	return n, nil
+	return schemareg.IntKey(config, key, def, lo, hi)
 }
 
 func boolKey(config map[string]string, key string, def bool) (bool, error) {

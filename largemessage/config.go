@@ -245,20 +245,20 @@ func ParseConfig(props map[string]string) (Config, error) {
 		}
 	}
 	for _, ch := range []struct {
-		key string
-		dst **serde.Chain
-		de  bool
-	}{{"key.serializers", &c.KeySerializers, false}, {"value.serializers", &c.ValueSerializers, false},
-		{"key.deserializers", &c.KeyDeserializers, true}, {"value.deserializers", &c.ValueDeserializers, true}} {
+		key       string
+		dst       **serde.Chain
+		de, isKey bool
+	}{{"key.serializers", &c.KeySerializers, false, true}, {"value.serializers", &c.ValueSerializers, false, false},
+		{"key.deserializers", &c.KeyDeserializers, true, true}, {"value.deserializers", &c.ValueDeserializers, true, false}} {
 		v, ok := props[ch.key]
 		if !ok {
 			continue
 		}
-		parse := serde.ParseSerializers
+		parse := serde.ParseSerializersFor
 		if ch.de {
-			parse = serde.ParseDeserializers
+			parse = serde.ParseDeserializersFor
 		}
-		if *ch.dst, err = parse(v); err != nil {
+		if *ch.dst, err = parse(v, props, ch.isKey); err != nil {
 			return c, fmt.Errorf("%s: %w", ch.key, err)
 		}
 	}

@@ -8,7 +8,11 @@
 // offload of package largemessage: it must be the last serializer and the
 // first deserializer, and the chain only marks where it runs, because the
 // decision needs the whole record (key, value and headers), not one side.
-// Add a stage with Register.
+// "avro", "protobuf" and "json-schema" are Confluent's schema-registry
+// formats (schemaregistry.go): they need schema.registry.url among the
+// client's properties, so a chain holding them is parsed with
+// ParseSerializersFor / ParseDeserializersFor. Add a stage with Register, or
+// with RegisterFactory when it needs the client's properties.
 package serde
 
 import (
@@ -43,19 +47,32 @@ func (f StageFuncs) Deserialize(ctx context.Context, topic string, v any) (any, 
 	return f.De(ctx, topic, v)
 }
 
+// StageFactory builds a stage that needs the client's configuration: props
+// are the producer's or consumer's Kafka-style properties (nil when the
+// chain is parsed without them), isKey tells which side of the record the
+// stage converts (a schema registry subject is "<topic>-key" or
+// "<topic>-value"). An error names the key at fault.
+type StageFactory func(props map[string]string, isKey bool) (Stage, error)
+
 var (
 	mu     sync.RWMutex
-	stages = map[string]Stage{}
+	stages = map[string]StageFactory{}
 )
 
 // Register adds a stage under name; it panics if name is taken.
 func Register(name string, s Stage) {
+	RegisterFactory(name, func(map[string]string, bool) (Stage, error) { return s, nil })
+}
+
+// RegisterFactory adds a stage built from the client's properties for each
+// chain that names it; it panics if name is taken.
+func RegisterFactory(name string, f StageFactory) {
 	mu.Lock()
 	defer mu.Unlock()
 	if _, dup := stages[name]; dup || name == LargeMessage {
 		panic("serde: stage registered twice: " + name)
 	}
-	stages[name] = s
+	stages[name] = f
 }
 
 func init() {
@@ -121,13 +138,28 @@ type Chain struct {
 
 // ParseSerializers parses a key.serializers/value.serializers value:
 // comma-separated stage names, large-message only last. Empty means "bytes".
-func ParseSerializers(list string) (*Chain, error) { return parse(list, false) }
+// Stages that need properties (the schema-registry ones) fail here: use
+// ParseSerializersFor.
+func ParseSerializers(list string) (*Chain, error) { return parse(list, false, nil, false) }
 
 // ParseDeserializers parses a key.deserializers/value.deserializers value:
 // the reverse order, large-message only first.
-func ParseDeserializers(list string) (*Chain, error) { return parse(list, true) }
+func ParseDeserializers(list string) (*Chain, error) { return parse(list, true, nil, false) }
 
-func parse(list string, de bool) (*Chain, error) {
+// ParseSerializersFor is ParseSerializers for one side of the record (isKey:
+// key.serializers) with the client's properties, which stages built by a
+// StageFactory read.
+func ParseSerializersFor(list string, props map[string]string, isKey bool) (*Chain, error) {
+	return parse(list, false, props, isKey)
+}
+
+// ParseDeserializersFor is ParseDeserializers for one side of the record
+// with the client's properties.
+func ParseDeserializersFor(list string, props map[string]string, isKey bool) (*Chain, error) {
+	return parse(list, true, props, isKey)
+}
+
+func parse(list string, de bool, props map[string]string, isKey bool) (*Chain, error) {
 	c := &Chain{deserialize: de}
 	for _, n := range strings.Split(list, ",") {
 		if n = strings.TrimSpace(n); n != "" {
@@ -151,9 +183,13 @@ func parse(list string, de bool) (*Chain, error) {
 			c.largeMessage = true
 			continue
 		}
-		s, ok := stages[n]
+		f, ok := stages[n]
 		if !ok {
 			return nil, fmt.Errorf("%q: unknown stage %q (registered: %s)", list, n, strings.Join(names(), ", "))
+		}
+		s, err := f(props, isKey)
+		if err != nil {
+			return nil, fmt.Errorf("%q: stage %s: %w", list, n, err)
 		}
 		c.stages = append(c.stages, s)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -282,5 +283,53 @@ func TestConcurrentRegisterAndParse(t *testing.T) {
 		if !strings.Contains(names, fmt.Sprintf("concurrent-%d-%d,", run, i)) {
 			t.Fatalf("stage concurrent-%d-%d missing from %s", run, i, names)
 		}
+	}
+}
+
+// The schema-registry stages need schema.registry.url and refuse what they
+// cannot do (a Go value carries no schema to register or to name a record
+// subject after), each naming the key.
+func TestSchemaStageConfig(t *testing.T) {
+	url := "http://127.0.0.1:1/apis/ccompat/v7"
+	for _, tc := range []struct {
+		name  string
+		props map[string]string
+		isKey bool
+		want  string // "" is no error
+	}{
+		{"no properties", nil, false, "schema.registry.url is required"},
+		{"not a URL", map[string]string{"schema.registry.url": "ftp://x"}, false, "schema.registry.url"},
+		{"latest version", map[string]string{"schema.registry.url": url}, false, ""},
+		{"fixed id", map[string]string{"schema.registry.url": url, "use.schema.id": "7"}, true, ""},
+		{"auto register", map[string]string{"schema.registry.url": url, "auto.register.schemas": "true"}, false, "auto.register.schemas"},
+		{"not latest", map[string]string{"schema.registry.url": url, "use.latest.version": "false"}, false, "use.latest.version"},
+		{"bad id", map[string]string{"schema.registry.url": url, "use.schema.id": "x"}, false, "use.schema.id"},
+		{"bad ttl", map[string]string{"schema.registry.url": url, "latest.cache.ttl.sec": "-2"}, false, "latest.cache.ttl.sec"},
+		{"record strategy without id", map[string]string{"schema.registry.url": url, "value.subject.name.strategy": "RecordNameStrategy"}, false, "use.schema.id"},
+		{"record strategy with id", map[string]string{"schema.registry.url": url, "key.subject.name.strategy": "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy", "use.schema.id": "3"}, true, ""},
+		{"unknown strategy", map[string]string{"schema.registry.url": url, "key.subject.name.strategy": "Nope"}, true, "key.subject.name.strategy"},
+		{"basic auth without password", map[string]string{"schema.registry.url": url, "basic.auth.credentials.source": "USER_INFO", "basic.auth.user.info": "alice"}, false, "basic.auth.user.info"},
+	} {
+		for _, stage := range []string{"avro", "protobuf", "json-schema"} {
+			_, err := serde.ParseSerializersFor(stage+",large-message", tc.props, tc.isKey)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("%s, %s: got %v, want %q", tc.name, stage, err, tc.want)
+			}
+		}
+	}
+	if _, err := serde.ParseDeserializers("large-message,avro"); err == nil || !strings.Contains(err.Error(), "schema.registry.url") {
+		t.Errorf("ParseDeserializers without properties: %v", err)
+	}
+	// A registry that is down fails the record, typed, not the parse.
+	c, err := serde.ParseSerializersFor("avro", map[string]string{"schema.registry.url": url, "schema.registry.request.timeout.ms": "500"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Serialize(context.Background(), "orders", map[string]any{"id": 1})
+	if !errors.Is(err, serde.ErrSchema) || !errors.Is(err, serde.ErrSchemaUnavailable) || !strings.Contains(err.Error(), "orders-value") {
+		t.Fatalf("registry down: %v", err)
+	}
+	if v, err := c.Serialize(context.Background(), "orders", nil); err != nil || v != nil {
+		t.Fatalf("a null value: %v %v", v, err)
 	}
 }

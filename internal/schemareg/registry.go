@@ -117,7 +117,8 @@ type cacheEntry struct {
 	cost    int64
 	schema  *parsedSchema // a schema by id
 	ok      bool          // a registration: found or not
-	expires time.Time     // registrations only
+	id      int           // a subject's latest version: its schema id
+	expires time.Time     // registrations and latest versions only
 }
 
 // parsedSchema is one schema of the registry, ready to validate payloads.

@@ -1,0 +1,241 @@
+package integration
+
+// Issue 21's second done-when, its Go half: the serde chain's
+// schema-registry stages (value.serializers=avro,large-message) against the
+// real schema registry (scripts/schema-registry) and the real broker, read
+// by a plain franz-go consumer with franz-go's sr.Serde, and the reverse.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bufbuild/protocompile"
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/serde"
+)
+
+const blobAvro = `{"type":"record","name":"Blob","namespace":"dev.ferry.test","fields":[` +
+	`{"name":"id","type":"long"},{"name":"item","type":"string"},{"name":"blob","type":"bytes"}]}`
+
+// blobRecord is blobAvro as franz-go's sr.Serde users write it: a struct
+// with hamba/avro tags.
+type blobRecord struct {
+	ID   int64  `avro:"id"`
+	Item string `avro:"item"`
+	Blob []byte `avro:"blob"`
+}
+
+// schemaChain is a large-message config with the serde chains given, the
+// registry's URL and a file store, and its producer and consumer.
+func schemaChain(t *testing.T, ser, de string, extra map[string]string) (*largemessage.Producer, *largemessage.Consumer) {
+	t.Helper()
+	schemaRegistry(t) // skips (or fails under CI) without a registry
+	props := map[string]string{
+		"bootstrap.servers":               brokers(t),
+		"large.message.payload.store.url": "file://" + t.TempDir(),
+		"value.serializers":               ser,
+		"value.deserializers":             de,
+		"schema.registry.url":             registryURL(),
+	}
+	for k, v := range extra {
+		props[k] = v
+	}
+	cfg, err := largemessage.ParseConfig(props)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := cfg.OpenStore(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := largemessage.NewProducer(client(t), store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons := largemessage.NewConsumer(nil, largemessage.NewDeserializer(store, false)).WithDeserializers(nil, cfg.ValueDeserializers)
+	return prod, cons
+}
+
+func registryURL() string { return strings.TrimSpace(os.Getenv("FERRY_SCHEMA_REGISTRY_URL")) }
+
+// register registers text under subject and returns its id.
+func register(t *testing.T, subject, text string, typ sr.SchemaType) int {
+	t.Helper()
+	ss, err := schemaRegistry(t).CreateSchema(ctxT(t, 30*time.Second), subject, sr.Schema{Schema: text, Type: typ})
+	if err != nil {
+		t.Fatalf("register %s: %v", subject, err)
+	}
+	return ss.ID
+}
+
+// decodeAll resolves and decodes n records of topic with cons.
+func decodeAll(t *testing.T, cons *largemessage.Consumer, topic string, n int) []any {
+	t.Helper()
+	var out []any
+	for _, r := range cons.Resolve(ctxT(t, time.Minute), consumeRaw(t, topic, n)) {
+		_, v, err := cons.Decode(ctxT(t, time.Minute), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// TestSerdeAvroInteroperatesWithFranzGoSR: value.serializers=avro,large-message
+// writes what franz-go's sr.Serde (Confluent's wire format) reads, small or
+// offloaded and resolved; value.deserializers=large-message,avro reads what
+// sr.Serde wrote; and a value its schema refuses gets a typed error.
+func TestSerdeAvroInteroperatesWithFranzGoSR(t *testing.T) {
+	prod, cons := schemaChain(t, "avro,large-message", "large-message,avro", nil)
+	topic := newTopic(t, nil)
+	id := register(t, topic+"-value", blobAvro, sr.TypeAvro)
+	schema := avro.MustParse(blobAvro)
+	// hamba/avro refuses bytes over 1 MiB unless told otherwise.
+	api := avro.Config{MaxByteSliceSize: -1}.Freeze()
+	var srSerde sr.Serde
+	srSerde.Register(id, blobRecord{},
+		sr.EncodeFn(func(v any) ([]byte, error) { return api.Marshal(schema, v) }),
+		sr.DecodeFn(func(b []byte, v any) error { return api.Unmarshal(schema, b, v) }))
+
+	small := map[string]any{"id": int64(1), "item": "small", "blob": []byte("tiny")}
+	large := map[string]any{"id": int64(2), "item": "large", "blob": bytes.Repeat([]byte("ferry-avro"), 300_000)} // 3 MB
+	for i, v := range []map[string]any{small, large} {
+		rec, err := prod.ProduceValue(ctxT(t, time.Minute), topic, nil, v)
+		if err != nil {
+			t.Fatalf("produce %d: %v", i, err)
+		}
+		if got := largemessage.IsOffloaded(rec); got != (i == 1) {
+			t.Fatalf("record %d offloaded %v", i, got)
+		}
+	}
+	// franz-go's sr.Serde reads the small record as Kafka holds it.
+	raw := consumeRaw(t, topic, 2)
+	var got blobRecord
+	if err := srSerde.Decode(raw[0].Value, &got); err != nil {
+		t.Fatalf("sr.Serde decode of the chain's record: %v", err)
+	}
+	if got.ID != 1 || got.Item != "small" || string(got.Blob) != "tiny" {
+		t.Fatalf("sr.Serde read %+v", got)
+	}
+	// The large one is a reference; resolved, sr.Serde reads it too.
+	resolved := cons.Resolve(ctxT(t, time.Minute), raw)
+	if resolved[1].Err != nil {
+		t.Fatal(resolved[1].Err)
+	}
+	if err := srSerde.Decode(resolved[1].Value, &got); err != nil || got.ID != 2 || !bytes.Equal(got.Blob, large["blob"].([]byte)) {
+		t.Fatalf("sr.Serde decode of the resolved large record: %v (id %d, %d blob bytes)", err, got.ID, len(got.Blob))
+	}
+	// The chain's deserializer reads both.
+	for i, v := range decodeAll(t, cons, topic, 2) {
+		if want := []map[string]any{small, large}[i]; !reflect.DeepEqual(v, want) {
+			t.Fatalf("record %d decoded as %T (want %v)", i, v, want["item"])
+		}
+	}
+
+	// The reverse: sr.Serde writes, the chain reads.
+	other := newTopic(t, nil)
+	register(t, other+"-value", blobAvro, sr.TypeAvro)
+	b, err := srSerde.Encode(blobRecord{ID: 3, Item: "from-sr", Blob: []byte{0, 1, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client(t).ProduceSync(ctxT(t, time.Minute), &kgo.Record{Topic: other, Value: b}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"id": int64(3), "item": "from-sr", "blob": []byte{0, 1, 2}}
+	if v := decodeAll(t, cons, other, 1)[0]; !reflect.DeepEqual(v, want) {
+		t.Fatalf("the chain read sr.Serde's record as %#v", v)
+	}
+
+	// A value the schema refuses, and a topic whose subject has no schema.
+	_, err = prod.ProduceValue(ctxT(t, time.Minute), topic, nil, map[string]any{"id": "not a long"})
+	if !errors.Is(err, serde.ErrSchema) || !strings.Contains(err.Error(), "schema id") {
+		t.Fatalf("a value its schema refuses: %v", err)
+	}
+	_, err = prod.ProduceValue(ctxT(t, time.Minute), newTopic(t, nil), nil, small)
+	if !errors.Is(err, serde.ErrSchema) || !strings.Contains(err.Error(), "-value") {
+		t.Fatalf("a subject without a schema: %v", err)
+	}
+}
+
+// TestSerdeProtobufAndJSONSchema: the protobuf and json-schema stages round
+// trip through the real broker and registry, write Confluent's framing
+// (sr.ConfluentHeader reads the id and, for Protobuf, the message
+// indexes), and refuse a JSON value its schema does not allow.
+func TestSerdeProtobufAndJSONSchema(t *testing.T) {
+	var h sr.ConfluentHeader
+	t.Run("protobuf", func(t *testing.T) {
+		prod, cons := schemaChain(t, "protobuf,large-message", "large-message,protobuf", nil)
+		topic := newTopic(t, nil)
+		text := "syntax = \"proto3\";\npackage dev.ferry.test;\n\nmessage Header { string k = 1; }\nmessage Order {\n  int64 id = 1;\n  string item = 2;\n}\n"
+		id := register(t, topic+"-value", text, sr.TypeProtobuf)
+		files, err := (&protocompile.Compiler{Resolver: &protocompile.SourceResolver{
+			Accessor: protocompile.SourceAccessorFromMap(map[string]string{"o.proto": text})}}).Compile(context.Background(), "o.proto")
+		if err != nil {
+			t.Fatal(err)
+		}
+		md := files[0].Messages().ByName("Order")
+		m := dynamicpb.NewMessage(md)
+		m.Set(md.Fields().ByName("id"), protoreflect.ValueOfInt64(7))
+		m.Set(md.Fields().ByName("item"), protoreflect.ValueOfString(strings.Repeat("p", 2_000_000)))
+		rec, err := prod.ProduceValue(ctxT(t, time.Minute), topic, nil, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !largemessage.IsOffloaded(rec) {
+			t.Fatal("a 2 MB Protobuf record was not offloaded")
+		}
+		resolved := cons.Resolve(ctxT(t, time.Minute), consumeRaw(t, topic, 1))
+		gotID, rest, err := h.DecodeID(resolved[0].Value)
+		if err != nil || gotID != id {
+			t.Fatalf("framing: id %d (want %d): %v", gotID, id, err)
+		}
+		if idx, _, err := h.DecodeIndex(rest, 10); err != nil || !reflect.DeepEqual(idx, []int{1}) {
+			t.Fatalf("message indexes %v (want [1]): %v", idx, err)
+		}
+		got := decodeAll(t, cons, topic, 1)[0]
+		gm, ok := got.(proto.Message)
+		if !ok {
+			t.Fatalf("decoded %T", got)
+		}
+		b1, _ := proto.Marshal(gm)
+		b2, _ := proto.Marshal(m)
+		if !bytes.Equal(b1, b2) {
+			t.Fatal("the Protobuf record read back differs")
+		}
+	})
+	t.Run("json-schema", func(t *testing.T) {
+		prod, cons := schemaChain(t, "json-schema,large-message", "large-message,json-schema", nil)
+		topic := newTopic(t, nil)
+		id := register(t, topic+"-value", ordersJSON, sr.TypeJSON)
+		v := map[string]any{"id": 5.0, "item": "json"}
+		if _, err := prod.ProduceValue(ctxT(t, time.Minute), topic, nil, v); err != nil {
+			t.Fatal(err)
+		}
+		raw := consumeRaw(t, topic, 1)
+		if gotID, _, err := h.DecodeID(raw[0].Value); err != nil || gotID != id {
+			t.Fatalf("framing: id %d (want %d): %v", gotID, id, err)
+		}
+		if got := decodeAll(t, cons, topic, 1)[0]; !reflect.DeepEqual(got, v) {
+			t.Fatalf("read back %#v", got)
+		}
+		_, err := prod.ProduceValue(ctxT(t, time.Minute), topic, nil, map[string]any{"item": "no id"})
+		if !errors.Is(err, serde.ErrSchema) || !strings.Contains(err.Error(), "id") {
+			t.Fatalf("a value missing a required property: %v", err)
+		}
+	})
+}

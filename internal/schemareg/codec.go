@@ -1,0 +1,170 @@
+package schemareg
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/dynamicpb"
+)
+
+// avroAPI encodes and decodes for the serde chain. Its bytes and string
+// bound is off: a payload is walked by avroSchema.validate first, which
+// bounds every length by the payload's size (the 1 MiB default would refuse
+// the large records Ferry exists for).
+var avroAPI = avro.Config{MaxByteSliceSize: -1}.Freeze()
+
+// Latest returns the schema id of subject's latest version (GET
+// /subjects/{subject}/versions/latest), cached for ttl (0: not cached).
+// Errors wrap ErrUnknownSchema (no such subject) or ErrUnavailable.
+func (r *Registry) Latest(ctx context.Context, subject string, ttl time.Duration) (int, error) {
+	key := "l" + subject
+	if e, ok := r.get(key); ok {
+		return e.id, nil
+	}
+	v, err := r.shared(ctx, key, func(cctx context.Context) (any, error) {
+		ss, err := r.cfg.Client.SchemaByVersion(cctx, subject, -1)
+		if err != nil {
+			if e := callError("GET /subjects/"+subject+"/versions/latest", err, -1); !errors.Is(e, ErrUnknownSchema) {
+				return nil, e
+			}
+			return nil, fmt.Errorf("%w: subject %s has no version in the registry", ErrUnknownSchema, subject)
+		}
+		if ttl > 0 {
+			r.put(&cacheEntry{key: key, cost: 64 + int64(len(key)), id: ss.ID, ok: true, expires: time.Now().Add(ttl)})
+		}
+		return ss.ID, nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return v.(int), nil
+}
+
+// Encode writes v under schema id in Confluent's wire format: magic byte 0,
+// the 4-byte id, for Protobuf the message indexes, then the payload. want
+// is the type the caller's stage serializes (the schema must be of it). v
+// is, for Avro, what hamba/avro marshals (a map[string]any or a struct with
+// avro tags); for JSON Schema, what encoding/json marshals, or []byte /
+// json.RawMessage holding JSON, validated against the schema; for
+// Protobuf, a proto.Message whose full name is a message of the schema.
+// Errors wrap ErrInvalidPayload, ErrBadSchema, ErrUnknownSchema or
+// ErrUnavailable.
+func (r *Registry) Encode(ctx context.Context, id int, want sr.SchemaType, v any) ([]byte, error) {
+	s, err := r.schema(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if s.typ != want {
+		return nil, fmt.Errorf("%w: schema id %d is %s, not %s", ErrBadSchema, id, s.typ, want)
+	}
+	switch want {
+	case sr.TypeAvro:
+		b, err := avroAPI.Marshal(s.avro.s, v)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Avro under schema id %d: %v", ErrInvalidPayload, id, err)
+		}
+		return AppendFrame(nil, id, nil, b), nil
+	case sr.TypeJSON:
+		var b []byte
+		switch j := v.(type) {
+		case []byte:
+			b = j
+		case json.RawMessage:
+			b = j
+		default:
+			if b, err = json.Marshal(v); err != nil {
+				return nil, fmt.Errorf("%w: JSON: %v", ErrInvalidPayload, err)
+			}
+		}
+		if err := s.json.validate(ctx, b, r.cfg.Limits); err != nil {
+			return nil, fmt.Errorf("schema id %d: %w", id, err)
+		}
+		return AppendFrame(nil, id, nil, b), nil
+	default:
+		m, ok := v.(proto.Message)
+		if !ok {
+			return nil, fmt.Errorf("%w: Protobuf under schema id %d: got %T, want a proto.Message", ErrInvalidPayload, id, v)
+		}
+		name := m.ProtoReflect().Descriptor().FullName()
+		idx, ok := indexesOf(s.proto.file.Messages(), name, nil)
+		if !ok {
+			return nil, fmt.Errorf("%w: Protobuf: schema id %d has no message %s", ErrInvalidPayload, id, name)
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, fmt.Errorf("%w: Protobuf %s: %v", ErrInvalidPayload, name, err)
+		}
+		return AppendFrame(nil, id, idx, b), nil
+	}
+}
+
+// indexesOf finds the message-index path of name among msgs (and their
+// nested messages).
+func indexesOf(msgs protoreflect.MessageDescriptors, name protoreflect.FullName, path []int) ([]int, bool) {
+	for i := range msgs.Len() {
+		md := msgs.Get(i)
+		p := append(path[:len(path):len(path)], i)
+		if md.FullName() == name {
+			return p, true
+		}
+		if found, ok := indexesOf(md.Messages(), name, p); ok {
+			return found, true
+		}
+	}
+	return nil, false
+}
+
+// Decode reads one record side in Confluent's wire format: the schema of its
+// id (which must be of type want), the payload checked within Config.Limits
+// first, then decoded: Avro into hamba/avro's generic values (a record is a
+// map[string]any), JSON into encoding/json's, Protobuf into a
+// *dynamicpb.Message of the message the indexes name. It returns the value
+// and the schema id (-1 when the framing is not read). Errors wrap
+// ErrNotFramed, ErrUnknownSchema, ErrInvalidPayload, ErrBadSchema or
+// ErrUnavailable.
+func (r *Registry) Decode(ctx context.Context, b []byte, want sr.SchemaType) (any, int, error) {
+	f, err := ParseFrame(b, false)
+	if err != nil {
+		return nil, -1, err
+	}
+	s, err := r.schema(ctx, f.ID)
+	if err != nil {
+		return nil, f.ID, err
+	}
+	if s.typ != want {
+		return nil, f.ID, fmt.Errorf("%w: schema id %d is %s, not %s", ErrBadSchema, f.ID, s.typ, want)
+	}
+	if s.typ == sr.TypeProtobuf {
+		if f.Indexes, f.Payload, err = parseIndexes(f.Payload); err != nil {
+			return nil, f.ID, err
+		}
+	}
+	if err := s.validate(ctx, f, r.cfg.Limits); err != nil {
+		return nil, f.ID, fmt.Errorf("schema id %d: %w", f.ID, err)
+	}
+	var out any
+	switch s.typ {
+	case sr.TypeAvro:
+		err = avroAPI.Unmarshal(s.avro.s, f.Payload, &out)
+	case sr.TypeJSON:
+		err = json.Unmarshal(f.Payload, &out)
+	default:
+		var md protoreflect.MessageDescriptor
+		if md, err = s.proto.message(f.Indexes); err == nil {
+			m := dynamicpb.NewMessage(md)
+			err = (proto.UnmarshalOptions{RecursionLimit: r.cfg.Limits.MaxDepth}).Unmarshal(f.Payload, m)
+			out = m
+		}
+	}
+	if err != nil {
+		return nil, f.ID, fmt.Errorf("%w: schema id %d: %v", ErrInvalidPayload, f.ID, err)
+	}
+	return out, f.ID, nil
+}
