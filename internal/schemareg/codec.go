@@ -146,25 +146,36 @@ func (r *Registry) Decode(ctx context.Context, b []byte, want sr.SchemaType) (an
 			return nil, f.ID, err
 		}
 	}
-	if err := s.validate(ctx, f, r.cfg.Limits); err != nil {
+	out, err := s.decode(ctx, f, r.cfg.Limits)
+	if err != nil {
 		return nil, f.ID, fmt.Errorf("schema id %d: %w", f.ID, err)
 	}
+	return out, f.ID, nil
+}
+
+// decode checks f's payload within lim, then decodes it (see Decode).
+// Errors wrap ErrInvalidPayload.
+func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, error) {
+	if err := s.validate(ctx, f, lim); err != nil {
+		return nil, err
+	}
 	var out any
-	switch s.typ {
-	case sr.TypeAvro:
+	var err error
+	switch {
+	case s.avro != nil:
 		err = avroAPI.Unmarshal(s.avro.s, f.Payload, &out)
-	case sr.TypeJSON:
+	case s.json != nil:
 		err = json.Unmarshal(f.Payload, &out)
 	default:
 		var md protoreflect.MessageDescriptor
 		if md, err = s.proto.message(f.Indexes); err == nil {
 			m := dynamicpb.NewMessage(md)
-			err = (proto.UnmarshalOptions{RecursionLimit: r.cfg.Limits.MaxDepth}).Unmarshal(f.Payload, m)
+			err = (proto.UnmarshalOptions{RecursionLimit: lim.MaxDepth}).Unmarshal(f.Payload, m)
 			out = m
 		}
 	}
 	if err != nil {
-		return nil, f.ID, fmt.Errorf("%w: schema id %d: %v", ErrInvalidPayload, f.ID, err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalidPayload, err)
 	}
-	return out, f.ID, nil
+	return out, nil
 }

@@ -33,7 +33,7 @@ func FuzzSchemaDecode(f *testing.F) {
 			if s, err = parseAvro(schema, nil); err == nil {
 				var fr Frame
 				if fr, err = ParseFrame(b, false); err == nil {
-					err = s.validate(ctx, fr.Payload, lim)
+					_, err = (&parsedSchema{avro: s}).decode(ctx, fr, lim)
 				}
 			}
 		case 1:
@@ -41,7 +41,7 @@ func FuzzSchemaDecode(f *testing.F) {
 			if s, err = parseJSONSchema(1, schema, nil, lim); err == nil {
 				var fr Frame
 				if fr, err = ParseFrame(b, false); err == nil {
-					err = s.validate(ctx, fr.Payload, lim)
+					_, err = (&parsedSchema{json: s}).decode(ctx, fr, lim)
 				}
 			}
 		case 2:
@@ -50,7 +50,7 @@ func FuzzSchemaDecode(f *testing.F) {
 				var fr Frame
 				if fr, err = ParseFrame(b, true); err == nil {
 					if _, err = s.recordName(fr.Indexes); err == nil {
-						err = s.validate(ctx, fr.Indexes, fr.Payload, lim)
+						_, err = (&parsedSchema{proto: s}).decode(ctx, fr, lim)
 					}
 				}
 			}
