@@ -8,8 +8,11 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -238,4 +241,81 @@ func TestSerdeProtobufAndJSONSchema(t *testing.T) {
 			t.Fatalf("a value missing a required property: %v", err)
 		}
 	})
+}
+
+// TestCLISchemaRegistryAvro: issue 21 item 6's second half. ferry produce
+// with value.serializers=avro,large-message encodes JSON inputs (Avro's JSON
+// encoding, as kafka-avro-console-producer reads it) under the subject's
+// registered schema, one offloaded; what Kafka holds is Confluent's wire
+// format, which franz-go's sr.Serde reads; ferry consume with
+// value.deserializers=large-message,avro prints each value as a line of
+// Avro JSON; an input that does not fit the schema is refused, naming the
+// field, and nothing is produced for it.
+func TestCLISchemaRegistryAvro(t *testing.T) {
+	b := brokers(t)
+	schemaRegistry(t)
+	topic := newTopic(t, nil)
+	id := register(t, topic+"-value", blobAvro, sr.TypeAvro)
+	dir := t.TempDir()
+	big := strings.Repeat("z", 200<<10) // offloaded: over the 64 KiB threshold below
+	inputs := []string{`{"id": 1, "item": "one", "blob": "\u0000\u00ff"}`, `{"id": 2, "item": "two", "blob": "` + big + `"}`}
+	var files []string
+	for i, in := range inputs {
+		p := filepath.Join(dir, fmt.Sprintf("r%d.json", i))
+		if err := os.WriteFile(p, []byte(in), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, p)
+	}
+	sreg := "-Xschema.registry.url=" + registryURL()
+	store := fileStoreURL(t)
+	args := append([]string{"produce", "--brokers", b, "--topic", topic, "--store", store, sreg,
+		"-Xvalue.serializers=avro,large-message", "-X" + largemessage.KeyThreshold + "=65536"}, files...)
+	if code, out, errs := runCLI(t, args...); code != 0 || !strings.Contains(out, "offloaded") {
+		t.Fatalf("produce exited %d: %s %s", code, out, errs)
+	}
+	raw := consumeRaw(t, topic, 2)
+	api := avro.Config{MaxByteSliceSize: -1}.Freeze()
+	schema := avro.MustParse(blobAvro)
+	var srSerde sr.Serde
+	srSerde.Register(id, blobRecord{}, sr.DecodeFn(func(b []byte, v any) error { return api.Unmarshal(schema, b, v) }))
+	var got blobRecord
+	if err := srSerde.Decode(raw[0].Value, &got); err != nil || got.ID != 1 || got.Item != "one" || !bytes.Equal(got.Blob, []byte{0, 0xff}) {
+		t.Fatalf("sr.Serde read %+v: %v", got, err)
+	}
+	if !largemessage.IsOffloaded(raw[1]) {
+		t.Fatal("the 200 KiB record is not offloaded")
+	}
+
+	code, out, errs := runCLI(t, "consume", "--brokers", b, "--topic", topic, "--store", store, sreg,
+		"-Xvalue.deserializers=large-message,avro", "-n", "2")
+	if code != 0 {
+		t.Fatalf("consume exited %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("consume printed %d lines: %.300s", len(lines), out)
+	}
+	for i, line := range lines {
+		var have, want map[string]any
+		if err := json.Unmarshal([]byte(line), &have); err != nil {
+			t.Fatalf("line %d is not JSON: %v: %.200s", i, err, line)
+		}
+		_ = json.Unmarshal([]byte(inputs[i]), &want)
+		if !reflect.DeepEqual(have, want) {
+			t.Fatalf("line %d: %.200s, want %.200s", i, line, inputs[i])
+		}
+	}
+
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"id": "x", "item": "bad", "blob": ""}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCLI(t, "produce", "--brokers", b, "--topic", topic, sreg, "-Xvalue.serializers=avro,large-message", bad)
+	if code == 0 || !strings.Contains(errs, ".id: want an integer") {
+		t.Fatalf("a bad input: exit %d: %s", code, errs)
+	}
+	if end := endOffset(t, topic); end != 2 {
+		t.Fatalf("the topic holds %d records after the refused input, want 2", end)
+	}
 }

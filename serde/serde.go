@@ -216,6 +216,18 @@ func names() []string {
 // LargeMessage reports whether the chain includes the large-message stage.
 func (c *Chain) LargeMessage() bool { return c.largeMessage }
 
+// PassesBytes reports whether the chain's stages hand bytes through as they
+// are (only "bytes", besides large-message): a consumer may then stream
+// the value instead of decoding it.
+func (c *Chain) PassesBytes() bool {
+	for _, n := range c.names {
+		if n != "bytes" && n != LargeMessage {
+			return false
+		}
+	}
+	return true
+}
+
 // String is the chain as configured.
 func (c *Chain) String() string { return strings.Join(c.names, ",") }
 

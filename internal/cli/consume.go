@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,9 +15,13 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ferrykit/ferry/internal/ctxio"
+	"github.com/ferrykit/ferry/internal/schemareg"
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/serde"
 )
 
 // defaultIdle is how long consume waits for a new record before it stops.
@@ -76,7 +82,14 @@ group starts after the last record written, so no record is written twice
 and none is skipped. ferry leaves the group on exit, so the others take its
 partitions at once. enable.auto.commit=false: join the group but commit
 nothing. A failed final commit is an error: the records after the last
-committed offset will be read again.`,
+committed offset will be read again.
+
+With -X value.deserializers=large-message,avro (or protobuf, json-schema)
+and -X schema.registry.url=URL, each value is decoded under the schema its
+Confluent framing names and written as one line of JSON (Avro's JSON
+encoding, protojson's mapping), as kafka-avro-console-consumer prints it; a
+value over large.message.consumer.poll.max.bytes is not decoded (an
+error).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.fromBeginningSet = cmd.Flags().Changed("from-beginning")
@@ -138,6 +151,9 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		out: f.out, stdout: a.stdout,
 		commit: g.id != "" && g.commit,
 	}
+	if !s.cfg.ValueDeserializers.PassesBytes() {
+		c.valueDe, c.decodeMax = s.cfg.ValueDeserializers, s.cfg.PollMaxBytes
+	}
 	err = c.run(ctx, f.n, f.idle)
 	if g.id == "" {
 		return err
@@ -177,6 +193,12 @@ type consumer struct {
 	// commit: mark each record written (or skipped) for the group's
 	// commits (kgo.AutoCommitMarks).
 	commit bool
+
+	// valueDe decodes values (value.deserializers other than bytes,
+	// such as large-message,avro) up to decodeMax bytes each; nil: values
+	// are written as they are.
+	valueDe   *serde.Chain
+	decodeMax int64
 
 	last    *kgo.Record     // the last record written out
 	partial bool            // a value was cut short on standard output
@@ -279,6 +301,11 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	}
 	defer rc.Close()
 	offloaded := largemessage.IsOffloaded(r)
+	if c.valueDe != nil {
+		if rc, err = c.decode(ctx, r, rc); err != nil {
+			return err
+		}
+	}
 	// A payload is read, verified (size, SHA-256) and written in one pass,
 	// in ctxio.Copy's 64 KiB pieces; a long copy (a local file store)
 	// stops with ctx. An inline value is written as it is.
@@ -329,6 +356,37 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	}
 	fmt.Fprintf(c.stdout, "%s/%d@%d %d bytes %s key=%q -> %s\n", r.Topic, r.Partition, r.Offset, n, how, key, name)
 	return nil
+}
+
+// decode reads r's value from rc (at most decodeMax bytes), runs it
+// through value.deserializers and returns it as one line of JSON
+// (Avro in Avro's JSON encoding, Protobuf in protojson's mapping): what
+// kafka-avro-console-consumer and kafka-protobuf-console-consumer print.
+func (c *consumer) decode(ctx context.Context, r *kgo.Record, rc io.Reader) (io.ReadCloser, error) {
+	if r.Value == nil && !largemessage.IsOffloaded(r) {
+		return io.NopCloser(strings.NewReader("null\n")), nil
+	}
+	b, err := io.ReadAll(io.LimitReader(rc, c.decodeMax+1))
+	if err != nil {
+		return nil, c.recordErr(r, err)
+	}
+	if int64(len(b)) > c.decodeMax {
+		return nil, c.recordErr(r, fmt.Errorf("the value is over %d bytes (%s), the most value.deserializers %s decodes in memory", c.decodeMax, largemessage.KeyPollMaxBytes, c.valueDe))
+	}
+	v, err := c.valueDe.Deserialize(ctx, r.Topic, b)
+	if err != nil {
+		return nil, c.recordErr(r, fmt.Errorf("value.deserializers %s: %w", c.valueDe, err))
+	}
+	var out []byte
+	if m, ok := v.(proto.Message); ok {
+		out, err = protojson.Marshal(m)
+	} else {
+		out, err = json.Marshal(schemareg.AvroJSON(v))
+	}
+	if err != nil {
+		return nil, c.recordErr(r, fmt.Errorf("value.deserializers %s: the decoded value as JSON: %w", c.valueDe, err))
+	}
+	return io.NopCloser(bytes.NewReader(append(out, '\n'))), nil
 }
 
 // recordErr names the record in err unless it already does (a

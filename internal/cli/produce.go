@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/serde"
 )
 
 type produceFlags struct {
@@ -52,7 +56,15 @@ stops ferry at once, even while the broker does not answer: exit 130 (143
 for SIGTERM), with one line naming the inputs produced (and their offsets)
 and what became of the interrupted record's payload: deleted, or kept when
 its produce request was sent and not answered (the record may be in the
-topic; ferry gc removes the payload if not).`,
+topic; ferry gc removes the payload if not).
+
+With -X value.serializers=avro,large-message (or protobuf, json-schema) and
+-X schema.registry.url=URL, each input is JSON, encoded under the latest
+schema registered for the subject TOPIC-value (use.schema.id picks another)
+in Confluent's wire format: for avro, Avro's JSON encoding (as
+kafka-avro-console-producer reads it); for protobuf, protojson's mapping of
+the schema's first message; for json-schema, the JSON itself, checked
+against the schema. Such an input is read into memory (at most 256 MiB).`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageErrorf("produce: name at least one FILE, or - for standard input (see ferry produce --help)")
@@ -130,6 +142,9 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 			}
 		}
 	}
+	// value.serializers other than bytes (avro, protobuf, json-schema):
+	// each input is JSON, encoded through the chain.
+	encode := !s.cfg.ValueSerializers.PassesBytes()
 	var done []sent
 	for _, in := range inputs {
 		if ctx.Err() != nil {
@@ -138,12 +153,23 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 		key := []byte(f.key)
 		var res sent
 		var err error
-		if in == "-" {
+		switch {
+		case encode:
+			if in == "-" && !f.keySet {
+				key = nil
+			} else if !f.keySet {
+				key = []byte(filepath.Base(in))
+			}
+			var b []byte
+			if b, err = encodeInput(ctx, s.cfg.ValueSerializers, f.topic, in, a.stdin); err == nil {
+				res, err = snd.sendStdin(ctx, f.topic, in, key, bytes.NewReader(b))
+			}
+		case in == "-":
 			if !f.keySet {
 				key = nil
 			}
 			res, err = snd.sendStdin(ctx, f.topic, "-", key, a.stdin)
-		} else {
+		default:
 			if !f.keySet {
 				key = []byte(filepath.Base(in))
 			}
@@ -156,6 +182,39 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 		fmt.Fprintln(a.stdout, res.line())
 	}
 	return nil
+}
+
+// maxEncodeInput bounds an input encoded through value.serializers: it is
+// read into memory whole, as JSON.
+const maxEncodeInput = 256 << 20
+
+// encodeInput reads input in (a file, or standard input for "-") as JSON,
+// at most maxEncodeInput bytes, and serializes it through chain for topic:
+// for avro, JSON in Avro's JSON encoding (as kafka-avro-console-producer
+// reads it); for protobuf, protojson's mapping of the schema's first
+// message; for json-schema, the JSON itself, checked against the schema.
+func encodeInput(ctx context.Context, chain *serde.Chain, topic, in string, stdin io.Reader) ([]byte, error) {
+	r := stdin
+	if in != "-" {
+		f, err := os.Open(in)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxEncodeInput+1))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", inputName(in), err)
+	}
+	if len(b) > maxEncodeInput {
+		return nil, fmt.Errorf("%s: more than %d bytes: an input encoded through value.serializers %s is read into memory, at most that much", inputName(in), maxEncodeInput, chain)
+	}
+	out, err := chain.Serialize(ctx, topic, json.RawMessage(bytes.TrimSpace(b)))
+	if err != nil {
+		return nil, fmt.Errorf("%s: value.serializers %s: %w", inputName(in), chain, err)
+	}
+	return out, nil
 }
 
 // produceStopped is the error of a produce that stopped, interrupted or

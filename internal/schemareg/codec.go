@@ -1,6 +1,7 @@
 package schemareg
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,9 +10,12 @@ import (
 
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/ferrykit/ferry/internal/jsonvalue"
 )
 
 // avroAPI encodes and decodes for the serde chain. Its bytes and string
@@ -51,9 +55,11 @@ func (r *Registry) Latest(ctx context.Context, subject string, ttl time.Duration
 // the 4-byte id, for Protobuf the message indexes, then the payload. want
 // is the type the caller's stage serializes (the schema must be of it). v
 // is, for Avro, what hamba/avro marshals (a map[string]any or a struct with
-// avro tags); for JSON Schema, what encoding/json marshals, or []byte /
-// json.RawMessage holding JSON, validated against the schema; for
-// Protobuf, a proto.Message whose full name is a message of the schema.
+// avro tags) or a json.RawMessage in Avro's JSON encoding; for JSON Schema,
+// what encoding/json marshals, or []byte / json.RawMessage holding JSON,
+// validated against the schema; for Protobuf, a proto.Message whose full
+// name is a message of the schema, or a json.RawMessage in protojson's
+// mapping of the schema's first message.
 // Errors wrap ErrInvalidPayload, ErrBadSchema, ErrUnknownSchema or
 // ErrUnavailable.
 func (r *Registry) Encode(ctx context.Context, id int, want sr.SchemaType, v any) ([]byte, error) {
@@ -66,6 +72,11 @@ func (r *Registry) Encode(ctx context.Context, id int, want sr.SchemaType, v any
 	}
 	switch want {
 	case sr.TypeAvro:
+		if j, ok := v.(json.RawMessage); ok {
+			if v, err = s.avro.fromJSON(j, r.cfg.Limits); err != nil {
+				return nil, fmt.Errorf("schema id %d: %w", id, err)
+			}
+		}
 		b, err := avroAPI.Marshal(s.avro.s, v)
 		if err != nil {
 			return nil, fmt.Errorf("%w: Avro under schema id %d: %v", ErrInvalidPayload, id, err)
@@ -88,6 +99,17 @@ func (r *Registry) Encode(ctx context.Context, id int, want sr.SchemaType, v any
 		}
 		return AppendFrame(nil, id, nil, b), nil
 	default:
+		if j, ok := v.(json.RawMessage); ok {
+			md, err := s.proto.message([]int{0})
+			if err != nil {
+				return nil, fmt.Errorf("schema id %d: %w", id, err)
+			}
+			dm := dynamicpb.NewMessage(md)
+			if err := (protojson.UnmarshalOptions{RecursionLimit: r.cfg.Limits.MaxDepth}).Unmarshal(j, dm); err != nil {
+				return nil, fmt.Errorf("%w: Protobuf JSON for %s under schema id %d: %v", ErrInvalidPayload, md.FullName(), id, err)
+			}
+			v = dm
+		}
 		m, ok := v.(proto.Message)
 		if !ok {
 			return nil, fmt.Errorf("%w: Protobuf under schema id %d: got %T, want a proto.Message", ErrInvalidPayload, id, v)
@@ -178,4 +200,19 @@ func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, er
 		return nil, fmt.Errorf("%w: %v", ErrInvalidPayload, err)
 	}
 	return out, nil
+}
+
+// fromJSON reads j, in Avro's JSON encoding, into hamba/avro's generic
+// values under a, its nesting bounded by lim.MaxDepth first.
+func (a *avroSchema) fromJSON(j []byte, lim Limits) (any, error) {
+	if err := jsonvalue.Check(j, lim.MaxDepth); err != nil {
+		return nil, fmt.Errorf("%w: JSON: %s", ErrInvalidPayload, oneLine(err.Error()))
+	}
+	d := json.NewDecoder(bytes.NewReader(j))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, fmt.Errorf("%w: JSON: %v", ErrInvalidPayload, err)
+	}
+	return avroFromJSON(a.s, v, "", 0, lim.MaxDepth)
 }
