@@ -26,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/internal/schemareg"
 	"github.com/ferrykit/ferry/largemessage"
 )
@@ -340,5 +341,62 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 		p.metric(t, "ferry_proxy_memory_bytes")/(1<<20))
 	if rss > bound {
 		t.Fatalf("proxy peak RSS %d MiB over the bound %d MiB", rss>>20, bound>>20)
+	}
+}
+
+// validateSchemaSpec is validate-schema for topic (a pattern) against the
+// registry at FERRY_SCHEMA_REGISTRY_URL.
+func validateSchemaSpec(topic string) interceptor.Spec {
+	return interceptor.Spec{Name: "validate-schema", Config: map[string]string{interceptor.KeyTopicPattern: topic,
+		interceptor.KeySchemaRegistryURL: os.Getenv("FERRY_SCHEMA_REGISTRY_URL")}}
+}
+
+// What the chain's order means (docs/INTERCEPTORS.md): with validate-schema
+// after large-message, a small record is validated as produced, but a
+// large one reaches validate-schema as its reference, whose first byte (the
+// reference's int16 version 0) reads as the magic byte and whose next four
+// as a schema id the registry does not know: refused, and the object
+// large-message had written is not left in the store. After encrypt, every
+// sealed value starts with "FERRYENC": refused as unframed.
+func TestValidateSchemaChainOrder(t *testing.T) {
+	reg := schemaRegistry(t)
+	storeURL := interceptorStoreURL(t)
+	store := openStore(t, storeURL)
+	topic := clientTopic(t, 1, nil)
+	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: blobAvro, Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, large := blobRecord(ss.ID, 1, "small", 1, 1000), blobRecord(ss.ID, 2, "large", 2, 2<<20)
+	answer := func(via string, value []byte) (int16, string) {
+		p := produceAnswer(t, via, topic, value)
+		msg := ""
+		if p.ErrorMessage != nil {
+			msg = *p.ErrorMessage
+		}
+		return p.ErrorCode, msg
+	}
+
+	via := interceptorProxy(t, 30*time.Second, largeMessageSpec(topic, storeURL), validateSchemaSpec(topic))
+	if code, msg := answer(via, small); code != 0 {
+		t.Fatalf("[large-message, validate-schema], a small valid record: code %d %s", code, msg)
+	}
+	code, msg := answer(via, large)
+	if code != kerr.InvalidRecord.Code || !strings.Contains(msg, "schema id not registered under the subject") {
+		t.Fatalf("[large-message, validate-schema], a 2 MiB valid record: code %d %q; want INVALID_RECORD, the reference's bytes read as an unknown id", code, msg)
+	}
+	t.Logf("[large-message, validate-schema], 2 MiB: %s", msg)
+	if objs := objectsUnder(t, store, topic); len(objs) != 0 {
+		t.Fatalf("objects left in the store after the refusal: %v", objs)
+	}
+
+	via = interceptorProxy(t, 30*time.Second, encryptSpec(topic, encryptKeyURL(t)), validateSchemaSpec(topic))
+	code, msg = answer(via, small)
+	if code != kerr.InvalidRecord.Code || !strings.Contains(msg, "not in the Confluent wire format") {
+		t.Fatalf("[encrypt, validate-schema], a small valid record: code %d %q; want INVALID_RECORD, unframed", code, msg)
+	}
+	t.Logf("[encrypt, validate-schema]: %s", msg)
+	if off := endOffset(t, topic); off != 1 {
+		t.Fatalf("end offset %d, want 1: only the small record of the first chain", off)
 	}
 }
