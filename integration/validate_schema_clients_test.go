@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
@@ -260,9 +261,11 @@ func fillRandom(seed uint64, b []byte) {
 }
 
 // Item 3: a 100 MiB Avro record (franz-go) through [validate-schema,
-// large-message] is validated, offloaded (the broker holds a reference) and
-// read back byte for byte by a franz-go consumer through the proxy; the
-// proxy's peak RSS stays under docs/SECURITY.md's bound.
+// large-message] is validated, offloaded (the broker holds a reference, the
+// store the framed bytes) and read back byte for byte by a franz-go consumer
+// through the proxy, which franz-go's sr.Serde decodes; the same bytes with
+// an unknown id are refused; the proxy's peak RSS stays under
+// docs/SECURITY.md's bound.
 //
 // One key is raised: socket.request.max.bytes (default 104857600, exactly
 // 100 MiB), which a Produce request carrying 100 MiB of value exceeds, to
@@ -334,6 +337,30 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 			bytes.Equal(got.Value, value), got.Headers)
 	}
 	t.Logf("read back %d bytes in %v", len(got.Value), time.Since(start).Round(time.Millisecond))
+	value = nil
+	// A consumer's own deserializer reads it: franz-go's sr.Serde with
+	// hamba/avro.
+	type blob struct {
+		ID   int64  `avro:"id"`
+		Item string `avro:"item"`
+		Blob []byte `avro:"blob"`
+	}
+	schema, err := avro.Parse(blobAvro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// hamba/avro refuses bytes over Config.MaxByteSliceSize (default
+	// 1 MiB): a consumer of such records raises it.
+	api := avro.Config{MaxByteSliceSize: 128 << 20}.Freeze()
+	var serde sr.Serde
+	serde.Register(ss.ID, blob{}, sr.DecodeFn(func(b []byte, v any) error { return api.Unmarshal(schema, b, v) }))
+	var dec blob
+	if err := serde.Decode(got.Value, &dec); err != nil {
+		t.Fatalf("sr.Serde decode of what the proxy returned: %v", err)
+	}
+	if dec.ID != 100 || dec.Item != "large-100MiB" || !bytes.Equal(dec.Blob, got.Value[len(got.Value)-100<<20:]) {
+		t.Fatalf("sr.Serde decoded id %d item %q, %d bytes", dec.ID, dec.Item, len(dec.Blob))
+	}
 
 	rss := p.peakRSS(t)
 	bound := int64(512<<20 + 128<<20 + maxConns*(100<<10)) // docs/SECURITY.md
