@@ -32,9 +32,9 @@ import (
 	"github.com/ferrykit/ferry/largemessage"
 )
 
-// blobAvro is a record with a bytes field that makes it as large as a test
-// needs.
-const blobAvro = `{"type":"record","name":"Blob","namespace":"dev.ferry.test","fields":[` +
+// avroBlobSchema is a record with a bytes field that makes it as large as a
+// test needs.
+const avroBlobSchema = `{"type":"record","name":"Blob","namespace":"dev.ferry.test","fields":[` +
 	`{"name":"id","type":"long"},{"name":"item","type":"string"},{"name":"blob","type":"bytes"}]}`
 
 // schemaChainProxy starts `ferry proxy --config` with the chain
@@ -144,7 +144,7 @@ func TestValidateSchemaPythonAvro(t *testing.T) {
 	for _, b := range sent {
 		lines = append(lines, map[string]any{"key": []byte(b.Item), "value": b})
 	}
-	for i, o := range pyAvroProduce(t, via, topic, blobAvro, lines) {
+	for i, o := range pyAvroProduce(t, via, topic, avroBlobSchema, lines) {
 		if o.Error != "" || o.Offset == nil || *o.Offset != int64(i) {
 			t.Fatalf("python AvroSerializer, record %d (%s) through the proxy: %+v", i, sent[i].Item, o)
 		}
@@ -237,11 +237,11 @@ func frameID(b []byte) (int, bool) {
 	return int(binary.BigEndian.Uint32(b[1:5])), true
 }
 
-// blobRecord is a Blob of blobAvro (id, item and n bytes from seed) framed
-// with schemaID: Avro's binary encoding written out (zig-zag varints, a
+// framedBlob is a Blob of avroBlobSchema (id, item and n bytes from seed)
+// framed with schemaID: Avro's binary encoding written out (zig-zag varints, a
 // length before each string and bytes) so that the n bytes are allocated
 // once.
-func blobRecord(schemaID int, id int64, item string, seed uint64, n int) []byte {
+func framedBlob(schemaID int, id int64, item string, seed uint64, n int) []byte {
 	var head []byte
 	head = schemareg.AppendFrame(head, schemaID, nil, nil)
 	head = binary.AppendVarint(head, id)
@@ -278,7 +278,7 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 	reg := schemaRegistry(t)
 	storeURL := interceptorStoreURL(t)
 	topic := clientTopic(t, 1, nil)
-	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: blobAvro, Type: sr.TypeAvro})
+	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: avroBlobSchema, Type: sr.TypeAvro})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 	p := schemaChainProxy(t, topic, storeURL, "socket.request.max.bytes: 134217728",
 		"produce.request.interceptor.timeout.ms: 60000", fmt.Sprintf("max.connections: %d", maxConns))
 
-	value := blobRecord(ss.ID, 100, "large-100MiB", 100, 100<<20)
+	value := framedBlob(ss.ID, 100, "large-100MiB", 100, 100<<20)
 	start := time.Now()
 	// franz-go refuses a record over ProducerBatchMaxBytes (default
 	// 1000012) and a request over BrokerMaxWriteBytes (default 100 MiB).
@@ -345,7 +345,7 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 		Item string `avro:"item"`
 		Blob []byte `avro:"blob"`
 	}
-	schema, err := avro.Parse(blobAvro)
+	schema, err := avro.Parse(avroBlobSchema)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,11 +390,11 @@ func TestValidateSchemaChainOrder(t *testing.T) {
 	storeURL := interceptorStoreURL(t)
 	store := openStore(t, storeURL)
 	topic := clientTopic(t, 1, nil)
-	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: blobAvro, Type: sr.TypeAvro})
+	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: avroBlobSchema, Type: sr.TypeAvro})
 	if err != nil {
 		t.Fatal(err)
 	}
-	small, large := blobRecord(ss.ID, 1, "small", 1, 1000), blobRecord(ss.ID, 2, "large", 2, 2<<20)
+	small, large := framedBlob(ss.ID, 1, "small", 1, 1000), framedBlob(ss.ID, 2, "large", 2, 2<<20)
 	answer := func(via string, value []byte) (int16, string) {
 		p := produceAnswer(t, via, topic, value)
 		msg := ""
