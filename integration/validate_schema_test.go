@@ -372,3 +372,49 @@ func TestValidateSchemaFormats(t *testing.T) {
 		t.Fatalf("end offsets %d and %d, want 1 and 1: only the valid records appended", a, b)
 	}
 }
+
+// Field rules (issue 21 item 2, CEL): a proxy with validate-schema and two
+// validate.schema.rule.* keys, the real registry: a record that decodes and
+// meets both rules is appended; one that breaks a rule is refused with
+// INVALID_RECORD naming the rule, the subject and the id; nothing refused
+// is appended.
+func TestValidateSchemaRules(t *testing.T) {
+	reg := schemaRegistry(t)
+	url := os.Getenv("FERRY_SCHEMA_REGISTRY_URL")
+	topic := "orders-rules-" + strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: ordersAvro, Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := ordersTopic(t, topic)
+	via := validateSchemaProxy(t, url, "validate.schema.rule.positive-id=value.id > 0",
+		"validate.schema.rule.known-item=value.item in ['widget', 'gadget']")
+	good := schemareg.AppendFrame(nil, ss.ID, nil, avroOrder(t, 42, "widget"))
+	if p := produceAnswer(t, via, topic, good); p.ErrorCode != 0 {
+		t.Fatalf("a record that meets the rules: code %d", p.ErrorCode)
+	}
+	for _, tc := range []struct {
+		value []byte
+		want  string
+	}{
+		{schemareg.AppendFrame(nil, ss.ID, nil, avroOrder(t, 0, "widget")), "rule positive-id (value.id > 0) is false"},
+		{schemareg.AppendFrame(nil, ss.ID, nil, avroOrder(t, 5, "sprocket")), "rule known-item"},
+	} {
+		p := produceAnswer(t, via, topic, tc.value)
+		msg := ""
+		if p.ErrorMessage != nil {
+			msg = *p.ErrorMessage
+		}
+		for _, re := range p.ErrorRecords {
+			if re.ErrorMessage != nil {
+				msg += " | " + *re.ErrorMessage
+			}
+		}
+		if p.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(msg, tc.want) || !strings.Contains(msg, "schema id "+strconv.Itoa(ss.ID)) {
+			t.Fatalf("code %d, message %q; want INVALID_RECORD naming %q and the schema id", p.ErrorCode, msg, tc.want)
+		}
+	}
+	if off := endOffset(t, topic); off != base+1 {
+		t.Fatalf("end offset %d, want %d: nothing refused may be appended", off, base+1)
+	}
+}

@@ -64,7 +64,7 @@ var validateSchemaKeys = []string{KeySchemaRegistryURL, KeyBasicAuthSource, KeyB
 	KeySchemaRegistryTruststore, KeySchemaRegistryTruststoreType, KeySchemaRegistryTimeout,
 	KeySchemaRegistryCacheMax, KeyValidateSchemaKey, KeyValidateSchemaValue, KeyKeySubjectStrategy,
 	KeyValueSubjectStrategy, KeyValidateSchemaMaxDepth, KeyValidateSchemaMaxItems,
-	KeyValidateSchemaUnavailableAllow}
+	KeyValidateSchemaUnavailableAllow, KeyValidateSchemaRuleCostMax}
 
 // Defaults of validate-schema's keys.
 const (
@@ -127,45 +127,56 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 	}
 	regCfg.Limits = schemareg.Limits{MaxDepth: int(depth), MaxItems: items}
 	reg := schemareg.New(regCfg)
-	checkSide := func(ctx context.Context, r *Record, isKey bool, st schemareg.Strategy, b []byte) error {
+	rules, err := schemaRules(config)
+	if err != nil {
+		return Instance{}, err
+	}
+	// checkSide checks one side and, when there are rules, returns it
+	// decoded (subject and id for their messages).
+	checkSide := func(ctx context.Context, r *Record, isKey bool, st schemareg.Strategy, b []byte) (decoded any, subject string, id int, err error) {
 		if b == nil {
-			return nil
+			return nil, "", -1, nil
 		}
 		side := "value"
 		if isKey {
 			side = "key"
 		}
-		subject, id, err := reg.Check(ctx, r.Topic, isKey, st, b)
-		switch {
-		case err == nil:
-			return nil
-		case ctx.Err() != nil:
-			return err
-		case errors.Is(err, schemareg.ErrUnavailable):
-			if allow {
-				return nil
-			}
-			return fmt.Errorf("%w: the record's %s (schema id %d) could not be checked: %w", kerr.KafkaStorageError, side, id, err)
-		case errors.Is(err, schemareg.ErrNotFramed):
-			return fmt.Errorf("%w: the record's %s is %w", kerr.InvalidRecord, side, err)
-		case !errors.Is(err, schemareg.ErrUnknownSchema) && !errors.Is(err, schemareg.ErrInvalidPayload) && !errors.Is(err, schemareg.ErrBadSchema):
-			// Not a verdict on the record (another caller's time budget
-			// ending during a shared call): retriable.
-			return fmt.Errorf("%w: the record's %s (schema id %d) could not be checked: %w", kerr.KafkaStorageError, side, id, err)
+		if rules != nil {
+			subject, id, decoded, err = reg.CheckDecode(ctx, r.Topic, isKey, st, b)
+		} else {
+			subject, id, err = reg.Check(ctx, r.Topic, isKey, st, b)
 		}
-		if subject == "" {
-			return fmt.Errorf("%w: the record's %s, schema id %d: %w", kerr.InvalidRecord, side, id, err)
+		if allow && errors.Is(err, schemareg.ErrUnavailable) {
+			return nil, subject, id, errUnchecked
 		}
-		return fmt.Errorf("%w: the record's %s, subject %s, schema id %d: %w", kerr.InvalidRecord, side, subject, id, err)
+		return decoded, subject, id, sideError(ctx, side, subject, id, err)
 	}
 	check := func(ctx context.Context, r *Record) error {
+		var key, value any
+		var subject string
+		id := -1
+		var err error
 		if checkKey {
-			if err := checkSide(ctx, r, true, keyStrategy, r.Key); err != nil {
-				return err
+			if key, _, _, err = checkSide(ctx, r, true, keyStrategy, r.Key); err != nil {
+				return uncheckedOK(err)
 			}
 		}
 		if checkValue {
-			return checkSide(ctx, r, false, valueStrategy, r.Value)
+			if value, subject, id, err = checkSide(ctx, r, false, valueStrategy, r.Value); err != nil {
+				return uncheckedOK(err)
+			}
+		}
+		if rules == nil {
+			return nil
+		}
+		if err := checkRules(ctx, rules, r.Topic, key, value); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			if subject != "" {
+				return fmt.Errorf("%w: the record, subject %s, schema id %d: %w", kerr.InvalidRecord, subject, id, err)
+			}
+			return fmt.Errorf("%w: the record: %w", kerr.InvalidRecord, err)
 		}
 		return nil
 	}
@@ -175,6 +186,42 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 	}
 	in.Close = func() error { tr.CloseIdleConnections(); return nil }
 	return in, nil
+}
+
+// errUnchecked: the registry could not answer and
+// validate.schema.registry.unavailable.allow lets the record through
+// unchecked (its rules too).
+var errUnchecked = errors.New("unchecked")
+
+func uncheckedOK(err error) error {
+	if err == errUnchecked {
+		return nil
+	}
+	return err
+}
+
+// sideError maps a record side's check error (schemareg) to what the
+// producer gets: nil, INVALID_RECORD naming the side, subject and id, or
+// the retriable KAFKA_STORAGE_ERROR when the registry could not answer.
+func sideError(ctx context.Context, side, subject string, id int, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return err
+	case errors.Is(err, schemareg.ErrUnavailable):
+		return fmt.Errorf("%w: the record's %s (schema id %d) could not be checked: %w", kerr.KafkaStorageError, side, id, err)
+	case errors.Is(err, schemareg.ErrNotFramed):
+		return fmt.Errorf("%w: the record's %s is %w", kerr.InvalidRecord, side, err)
+	case !errors.Is(err, schemareg.ErrUnknownSchema) && !errors.Is(err, schemareg.ErrInvalidPayload) && !errors.Is(err, schemareg.ErrBadSchema):
+		// Not a verdict on the record (another caller's time budget
+		// ending during a shared call): retriable.
+		return fmt.Errorf("%w: the record's %s (schema id %d) could not be checked: %w", kerr.KafkaStorageError, side, id, err)
+	}
+	if subject == "" {
+		return fmt.Errorf("%w: the record's %s, schema id %d: %w", kerr.InvalidRecord, side, id, err)
+	}
+	return fmt.Errorf("%w: the record's %s, subject %s, schema id %d: %w", kerr.InvalidRecord, side, subject, id, err)
 }
 
 func intKey(config map[string]string, key string, def, lo, hi int64) (int64, error) {

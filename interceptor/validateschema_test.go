@@ -104,3 +104,69 @@ func TestValidateSchemaCodes(t *testing.T) {
 		t.Fatalf("registry down with %s: %v", KeyValidateSchemaUnavailableAllow, err)
 	}
 }
+
+// Field rules: CEL expressions over the decoded record; each failure names
+// the rule; the cost bound stops a rule that would run long, at the limit;
+// a rule that does not compile or is not bool is a configuration error
+// naming its key.
+func TestValidateSchemaRules(t *testing.T) {
+	for _, tc := range []struct {
+		config map[string]string
+		want   string
+	}{
+		{map[string]string{KeyValidateSchemaRulePrefix + "bad": "value.id >"}, "does not compile"},
+		{map[string]string{KeyValidateSchemaRulePrefix + "notbool": "1 + 2"}, "not bool"},
+		{map[string]string{KeyValidateSchemaRulePrefix: "true"}, "needs a name"},
+		{map[string]string{KeyValidateSchemaRulePrefix + "x": "true", KeyValidateSchemaRuleCostMax: "0"}, KeyValidateSchemaRuleCostMax},
+	} {
+		tc.config[KeySchemaRegistryURL] = "http://r"
+		_, err := New(context.Background(), "validate-schema", tc.config)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("config %v: error %v, want one naming %q", tc.config, err, tc.want)
+		}
+	}
+	ctx := context.Background()
+	rules, err := schemaRules(map[string]string{
+		KeyValidateSchemaRulePrefix + "positive-id":  "value.id > 0",
+		KeyValidateSchemaRulePrefix + "items-small":  "value.items.all(i, i < 100)",
+		KeyValidateSchemaRulePrefix + "topic-prefix": "topic.startsWith('orders')",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items := make([]any, 1000)
+	for i := range items {
+		items[i] = int64(i % 50)
+	}
+	// Avro ints and longs, JSON float64s, fixed as [N]byte: all compare.
+	for _, v := range []map[string]any{{"id": int64(7), "items": items}, {"id": 2.5, "items": []any{}}, {"id": int32(1), "items": []any{}, "f": [2]byte{1, 2}}} {
+		if err := checkRules(ctx, rules, "orders", nil, v); err != nil {
+			t.Errorf("%v: %v", v["id"], err)
+		}
+	}
+	for _, tc := range []struct {
+		topic string
+		value map[string]any
+		want  string
+	}{
+		{"orders", map[string]any{"id": int64(0), "items": []any{}}, "rule positive-id (value.id > 0) is false"},
+		{"orders", map[string]any{"id": int64(1), "items": []any{int64(100)}}, "rule items-small"},
+		{"orders", map[string]any{"items": []any{}}, "rule positive-id (value.id > 0): no such key: id"},
+		{"other", map[string]any{"id": int64(1), "items": []any{}}, "rule topic-prefix"},
+	} {
+		if err := checkRules(ctx, rules, tc.topic, nil, tc.value); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.value, err, tc.want)
+		}
+	}
+	// The cost bound: 1000 items cost over 1000 units; at 100000 they pass.
+	for limit, ok := range map[string]bool{"500": false, "100000": true} {
+		costly, err := schemaRules(map[string]string{KeyValidateSchemaRulePrefix + "all": "value.items.all(i, i >= 0)", KeyValidateSchemaRuleCostMax: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkRules(ctx, costly, "orders", nil, map[string]any{"items": items})
+		if (err == nil) != ok || !ok && !strings.Contains(err.Error(), "cost") {
+			t.Errorf("cost limit %s: %v", limit, err)
+		}
+	}
+}

@@ -47,6 +47,11 @@ const (
 	KeyValueSubjectStrategy = "value.subject.name.strategy"
 )
 
+// SchemaKeys are the keys of the schema-registry stages besides the
+// connection keys.
+var SchemaKeys = []string{KeyUseSchemaID, KeyUseLatestVersion, KeyAutoRegisterSchemas, KeyLatestCacheTTL,
+	KeyKeySubjectStrategy, KeyValueSubjectStrategy}
+
 // DefaultLatestCacheTTL is latest.cache.ttl.sec's default.
 const DefaultLatestCacheTTL = 300 * time.Second
 

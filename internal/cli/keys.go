@@ -6,7 +6,9 @@ import (
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/interceptor/wasm" // registers the wasm interceptor
 	"github.com/ferrykit/ferry/internal/kafkaconf"
+	"github.com/ferrykit/ferry/internal/schemareg"
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/serde"
 )
 
 // The properties (--config, -X) each kind of command reads: the one place
@@ -23,7 +25,8 @@ func clientKeys() []string {
 		keyBootstrap, keyClientID, keyMaxRequestSize,
 		largemessage.KeyCompressionType, largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval,
 		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
-	}, slices.Concat(consumerKeys(), largemessage.Keys(), kafkaconf.Keys())...)
+		"key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
+	}, slices.Concat(consumerKeys(), largemessage.Keys(), kafkaconf.Keys(), schemareg.ConnectionKeys, serde.SchemaKeys)...)
 }
 
 // interceptorKeys are the properties the proxy's built-in interceptors read

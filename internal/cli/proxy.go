@@ -287,7 +287,7 @@ func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[st
 		case slices.Contains(proxyKeys, k):
 			own[k] = p[k]
 		case slices.Contains(icKeys, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level") ||
-			strings.HasPrefix(k, wasm.KeyConfigPrefix):
+			strings.HasPrefix(k, wasm.KeyConfigPrefix) || strings.HasPrefix(k, interceptor.KeyValidateSchemaRulePrefix):
 			if !interceptorsFlag {
 				return nil, nil, usageErrorf("-X %s configures the interceptors --interceptors names, and none is named: "+
 					"add --interceptors NAME, or set it in the config map of an interceptor of the --config file", k)

@@ -142,29 +142,44 @@ func New(cfg Config) *Registry {
 // wrapping ErrNotFramed, ErrUnknownSchema, ErrInvalidPayload, ErrBadSchema
 // or ErrUnavailable, or ctx's error.
 func (r *Registry) Check(ctx context.Context, topic string, isKey bool, strategy Strategy, b []byte) (subject string, id int, err error) {
+	subject, id, _, err = r.check(ctx, topic, isKey, strategy, b, false)
+	return subject, id, err
+}
+
+// CheckDecode is Check that also returns the payload decoded (as Decode
+// does), for rules over its fields.
+func (r *Registry) CheckDecode(ctx context.Context, topic string, isKey bool, strategy Strategy, b []byte) (subject string, id int, value any, err error) {
+	return r.check(ctx, topic, isKey, strategy, b, true)
+}
+
+func (r *Registry) check(ctx context.Context, topic string, isKey bool, strategy Strategy, b []byte, decode bool) (subject string, id int, value any, err error) {
 	f, err := ParseFrame(b, false)
 	if err != nil {
-		return "", -1, err
+		return "", -1, nil, err
 	}
 	s, err := r.schema(ctx, f.ID)
 	if err != nil {
 		if strategy == TopicName { // the subject is known without the schema
 			subject, _ = (&parsedSchema{}).subject(topic, isKey, TopicName, nil)
 		}
-		return subject, f.ID, err
+		return subject, f.ID, nil, err
 	}
 	if s.typ == sr.TypeProtobuf {
 		if f.Indexes, f.Payload, err = parseIndexes(f.Payload); err != nil {
-			return "", f.ID, err
+			return "", f.ID, nil, err
 		}
 	}
 	if subject, err = s.subject(topic, isKey, strategy, f.Indexes); err != nil {
-		return "", f.ID, err
+		return "", f.ID, nil, err
 	}
 	if err := r.registered(ctx, subject, f.ID); err != nil {
-		return subject, f.ID, err
+		return subject, f.ID, nil, err
 	}
-	return subject, f.ID, s.validate(ctx, f, r.cfg.Limits)
+	if decode {
+		value, err = s.decode(ctx, f, r.cfg.Limits)
+		return subject, f.ID, value, err
+	}
+	return subject, f.ID, nil, s.validate(ctx, f, r.cfg.Limits)
 }
 
 func (s *parsedSchema) subject(topic string, isKey bool, st Strategy, indexes []int) (string, error) {
