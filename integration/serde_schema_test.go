@@ -30,6 +30,8 @@ import (
 	"github.com/ferrykit/ferry/serde"
 )
 
+// blobAvro is a record with a bytes field that makes it as large as a test
+// needs.
 const blobAvro = `{"type":"record","name":"Blob","namespace":"dev.ferry.test","fields":[` +
 	`{"name":"id","type":"long"},{"name":"item","type":"string"},{"name":"blob","type":"bytes"}]}`
 
@@ -311,6 +313,26 @@ func TestCLISchemaRegistryAvro(t *testing.T) {
 		if !reflect.DeepEqual(have, want) {
 			t.Fatalf("line %d: %.200s, want %.200s", i, line, inputs[i])
 		}
+	}
+
+	// --out restores each input's name (the ferry.file.name header), the
+	// decoded JSON in it.
+	outDir := filepath.Join(dir, "out")
+	if code, _, errs := runCLI(t, "consume", "--brokers", b, "--topic", topic, "--store", store, sreg,
+		"-Xvalue.deserializers=large-message,avro", "-n", "2", "--out", outDir); code != 0 {
+		t.Fatalf("consume --out exited %d: %s", code, errs)
+	}
+	if got, err := os.ReadFile(filepath.Join(outDir, "r0.json")); err != nil || !strings.Contains(string(got), `"item":"one"`) {
+		t.Fatalf("consume --out: r0.json: %v %.200s", err, got)
+	}
+
+	notJSON := filepath.Join(dir, "notjson.json")
+	if err := os.WriteFile(notJSON, []byte("id=3"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCLI(t, "produce", "--brokers", b, "--topic", topic, sreg, "-Xvalue.serializers=avro,large-message", notJSON)
+	if code == 0 || !strings.Contains(errs, "is not JSON") || strings.Contains(errs, "broker") {
+		t.Fatalf("an input that is not JSON: exit %d: %s", code, errs)
 	}
 
 	bad := filepath.Join(dir, "bad.json")

@@ -32,11 +32,6 @@ import (
 	"github.com/ferrykit/ferry/largemessage"
 )
 
-// avroBlobSchema is a record with a bytes field that makes it as large as a
-// test needs.
-const avroBlobSchema = `{"type":"record","name":"Blob","namespace":"dev.ferry.test","fields":[` +
-	`{"name":"id","type":"long"},{"name":"item","type":"string"},{"name":"blob","type":"bytes"}]}`
-
 // schemaChainProxy starts `ferry proxy --config` with the chain
 // [validate-schema, large-message] for topic (the registry at
 // FERRY_SCHEMA_REGISTRY_URL, payloads to storeURL); proxyKeys are more
@@ -144,7 +139,7 @@ func TestValidateSchemaPythonAvro(t *testing.T) {
 	for _, b := range sent {
 		lines = append(lines, map[string]any{"key": []byte(b.Item), "value": b})
 	}
-	for i, o := range pyAvroProduce(t, via, topic, avroBlobSchema, lines) {
+	for i, o := range pyAvroProduce(t, via, topic, blobAvro, lines) {
 		if o.Error != "" || o.Offset == nil || *o.Offset != int64(i) {
 			t.Fatalf("python AvroSerializer, record %d (%s) through the proxy: %+v", i, sent[i].Item, o)
 		}
@@ -237,7 +232,7 @@ func frameID(b []byte) (int, bool) {
 	return int(binary.BigEndian.Uint32(b[1:5])), true
 }
 
-// framedBlob is a Blob of avroBlobSchema (id, item and n bytes from seed)
+// framedBlob is a Blob of blobAvro (id, item and n bytes from seed)
 // framed with schemaID: Avro's binary encoding written out (zig-zag varints, a
 // length before each string and bytes) so that the n bytes are allocated
 // once.
@@ -278,7 +273,7 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 	reg := schemaRegistry(t)
 	storeURL := interceptorStoreURL(t)
 	topic := clientTopic(t, 1, nil)
-	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: avroBlobSchema, Type: sr.TypeAvro})
+	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: blobAvro, Type: sr.TypeAvro})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,12 +335,7 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 	value = nil
 	// A consumer's own deserializer reads it: franz-go's sr.Serde with
 	// hamba/avro.
-	type blob struct {
-		ID   int64  `avro:"id"`
-		Item string `avro:"item"`
-		Blob []byte `avro:"blob"`
-	}
-	schema, err := avro.Parse(avroBlobSchema)
+	schema, err := avro.Parse(blobAvro)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,8 +343,8 @@ func TestValidateSchemaAvro100MiB(t *testing.T) {
 	// 1 MiB): a consumer of such records raises it.
 	api := avro.Config{MaxByteSliceSize: 128 << 20}.Freeze()
 	var serde sr.Serde
-	serde.Register(ss.ID, blob{}, sr.DecodeFn(func(b []byte, v any) error { return api.Unmarshal(schema, b, v) }))
-	var dec blob
+	serde.Register(ss.ID, blobRecord{}, sr.DecodeFn(func(b []byte, v any) error { return api.Unmarshal(schema, b, v) }))
+	var dec blobRecord
 	if err := serde.Decode(got.Value, &dec); err != nil {
 		t.Fatalf("sr.Serde decode of what the proxy returned: %v", err)
 	}
@@ -390,7 +380,7 @@ func TestValidateSchemaChainOrder(t *testing.T) {
 	storeURL := interceptorStoreURL(t)
 	store := openStore(t, storeURL)
 	topic := clientTopic(t, 1, nil)
-	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: avroBlobSchema, Type: sr.TypeAvro})
+	ss, err := reg.CreateSchema(ctxT(t, time.Minute), topic+"-value", sr.Schema{Schema: blobAvro, Type: sr.TypeAvro})
 	if err != nil {
 		t.Fatal(err)
 	}

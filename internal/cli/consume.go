@@ -86,10 +86,12 @@ committed offset will be read again.
 
 With -X value.deserializers=large-message,avro (or protobuf, json-schema)
 and -X schema.registry.url=URL, each value is decoded under the schema its
-Confluent framing names and written as one line of JSON (Avro's JSON
-encoding, protojson's mapping), as kafka-avro-console-consumer prints it; a
-value over large.message.consumer.poll.max.bytes is not decoded (an
-error).`,
+Confluent framing names and written as one line of JSON: for Avro, close to
+Avro's JSON encoding as kafka-avro-console-consumer prints it (fields in name
+order, a union of null and a primitive type as its plain value, other unions
+as {"<type>": value}, bytes as code points 0-255, timestamps and dates in RFC
+3339), which ferry produce reads back; for Protobuf, protojson's mapping. A
+value over large.message.consumer.poll.max.bytes is not decoded (an error).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.fromBeginningSet = cmd.Flags().Changed("from-beginning")
@@ -360,8 +362,8 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 
 // decode reads r's value from rc (at most decodeMax bytes), runs it
 // through value.deserializers and returns it as one line of JSON
-// (Avro in Avro's JSON encoding, Protobuf in protojson's mapping): what
-// kafka-avro-console-consumer and kafka-protobuf-console-consumer print.
+// (Avro close to Avro's JSON encoding, Protobuf in protojson's mapping;
+// see consume --help).
 func (c *consumer) decode(ctx context.Context, r *kgo.Record, rc io.Reader) (io.ReadCloser, error) {
 	if r.Value == nil && !largemessage.IsOffloaded(r) {
 		return io.NopCloser(strings.NewReader("null\n")), nil

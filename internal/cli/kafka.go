@@ -89,6 +89,8 @@ func warnIgnored(p map[string]string) error {
 		switch {
 		case slices.Contains(known, k),
 			strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level"):
+		case slices.Contains(kafkaKeysNearOurs, k) && isChain(p[k]):
+			return usageErrorf("property %s=%s: %s names the Java client's class; ferry's chain of stages is %ss", k, p[k], k, k)
 		case misspelledKey(k, known) != nil:
 			return misspelledKey(k, known)
 		case strings.HasPrefix(k, "large.message."):

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/interceptor/wasm" // registers the wasm interceptor
@@ -43,6 +44,18 @@ func interceptorKeys() []string {
 // from a key above; they are Kafka's own names, not misspellings, and stay
 // warnings. (TestKafkaKeysAreNotTypos checks every Java client key.)
 var kafkaKeysNearOurs = []string{"key.serializer", "value.serializer", "key.deserializer", "value.deserializer"}
+
+// isChain reports whether v lists serde stages only ("avro,large-message"):
+// the value of key.serializers given to Kafka's key.serializer by mistake.
+func isChain(v string) bool {
+	names := serde.Names()
+	for _, n := range strings.Split(v, ",") {
+		if !slices.Contains(names, strings.TrimSpace(n)) {
+			return false
+		}
+	}
+	return true
+}
 
 // misspelledKey is a usage error when key, which is not in known, is
 // likely a misspelling of keys in known (nearest); nil otherwise.

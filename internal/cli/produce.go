@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/serde"
@@ -62,7 +63,9 @@ With -X value.serializers=avro,large-message (or protobuf, json-schema) and
 -X schema.registry.url=URL, each input is JSON, encoded under the latest
 schema registered for the subject TOPIC-value (use.schema.id picks another)
 in Confluent's wire format: for avro, Avro's JSON encoding (as
-kafka-avro-console-producer reads it); for protobuf, protojson's mapping of
+kafka-avro-console-producer reads it; also what ferry consume prints: a
+union of null and one type as its plain value, RFC 3339 timestamps); for
+protobuf, protojson's mapping of
 the schema's first message; for json-schema, the JSON itself, checked
 against the schema. Such an input is read into memory (at most 256 MiB).`,
 		Args: func(_ *cobra.Command, args []string) error {
@@ -160,15 +163,19 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 			} else if !f.keySet {
 				key = []byte(filepath.Base(in))
 			}
+			var hs []kgo.RecordHeader
+			if in != "-" {
+				hs = fileNameHeaders(in) // ferry consume --out restores the name
+			}
 			var b []byte
 			if b, err = encodeInput(ctx, s.cfg.ValueSerializers, f.topic, in, a.stdin); err == nil {
-				res, err = snd.sendStdin(ctx, f.topic, in, key, bytes.NewReader(b))
+				res, err = snd.sendStdin(ctx, f.topic, in, key, bytes.NewReader(b), hs)
 			}
 		case in == "-":
 			if !f.keySet {
 				key = nil
 			}
-			res, err = snd.sendStdin(ctx, f.topic, "-", key, a.stdin)
+			res, err = snd.sendStdin(ctx, f.topic, "-", key, a.stdin, nil)
 		default:
 			if !f.keySet {
 				key = []byte(filepath.Base(in))
@@ -210,7 +217,13 @@ func encodeInput(ctx context.Context, chain *serde.Chain, topic, in string, stdi
 	if len(b) > maxEncodeInput {
 		return nil, fmt.Errorf("%s: more than %d bytes: an input encoded through value.serializers %s is read into memory, at most that much", inputName(in), maxEncodeInput, chain)
 	}
-	out, err := chain.Serialize(ctx, topic, json.RawMessage(bytes.TrimSpace(b)))
+	b = bytes.TrimSpace(b)
+	if !json.Valid(b) {
+		var v any
+		err := json.Unmarshal(b, &v)
+		return nil, fmt.Errorf("%s is not JSON (%v): with value.serializers %s each input is one JSON value", inputName(in), err, chain)
+	}
+	out, err := chain.Serialize(ctx, topic, json.RawMessage(b))
 	if err != nil {
 		return nil, fmt.Errorf("%s: value.serializers %s: %w", inputName(in), chain, err)
 	}

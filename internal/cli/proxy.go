@@ -144,7 +144,7 @@ that need a restart are named in a warning).`,
 	f.StringVar(&tracingEndpoint, "tracing-endpoint", "", "OTLP/HTTP traces `URL`, e.g. http://collector:4318/v1/traces ("+observe.KeyTracingEndpoint+"; default: the OTEL_EXPORTER_OTLP_* variables)")
 	f.IntVar(&metricsMaxTopics, "metrics-max-topics", observe.DefaultMaxTopics, "distinct topic label values of the per-topic metrics; later topics count as \"other\" ("+observe.KeyMetricsMaxTopics+")")
 	f.Int32Var(&maxRequest, "socket-request-max-bytes", proxy.DefaultMaxRequestBytes, "largest request accepted, `BYTES` (Kafka's socket.request.max.bytes)")
-	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, redact, encrypt, wasm (configured with -X key=value; docs/INTERCEPTORS.md)")
+	f.StringSliceVar(&interceptors, "interceptors", nil, "KIP-905 interceptors to run, in order: `NAME[,NAME]` of large-message, validate-json, validate-schema, redact, encrypt, wasm (configured with -X key=value; docs/INTERCEPTORS.md)")
 	f.StringVar(&store, "store", "", "payload store `URL` of the large-message interceptor (property "+largemessage.KeyStoreURL+")")
 	// The proxy's own --log-level, in place of the root's (warn): a server
 	// logs its listeners, endpoint changes and shutdown at info.
@@ -293,6 +293,12 @@ func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[st
 					"add --interceptors NAME, or set it in the config map of an interceptor of the --config file", k)
 			}
 			ic[k] = p[k]
+		case strings.HasPrefix(k, "validate.schema."):
+			// validate-schema's namespace: an unknown key there is a typo
+			// (a misspelled rule prefix would drop the rule in silence).
+			return nil, nil, usageErrorf("unknown property %s (validate-schema's keys are %s and %sNAME)", k,
+				strings.Join(slices.DeleteFunc(slices.Clone(icKeys), func(s string) bool { return !strings.HasPrefix(s, "validate.schema.") }), ", "),
+				interceptor.KeyValidateSchemaRulePrefix)
 		default:
 			if err := misspelledKey(k, slices.Concat(proxyKeys, icKeys)); err != nil {
 				return nil, nil, err

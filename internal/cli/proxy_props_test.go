@@ -76,6 +76,15 @@ func TestProxyProperties(t *testing.T) {
 	if err, _, _, _ := proxyConfigWith(t, []string{"redact.fields=email"}, file); err == nil || !strings.Contains(err.Error(), "--interceptors") {
 		t.Fatalf("an interceptor key without --interceptors: %v, want an error", err)
 	}
+	// validate-schema's rules reach it; a key in its namespace that it does
+	// not read (a misspelled rule prefix) is refused.
+	err, _, _, ic = proxyConfigWith(t, []string{"validate.schema.rule.positive=value.id > 0"}, "", "validate-schema")
+	if err != nil || ic["validate.schema.rule.positive"] != "value.id > 0" {
+		t.Fatalf("a rule key: err %v, interceptor config %v", err, ic)
+	}
+	if err, _, _, _ := proxyConfigWith(t, []string{"validate.schema.rulez.positive=true"}, "", "validate-schema"); err == nil || !strings.Contains(err.Error(), "unknown property validate.schema.rulez.positive") {
+		t.Fatalf("a misspelled rule prefix: %v", err)
+	}
 	// A Kafka client key the proxy has no use for is passed over, as
 	// produce and consume do.
 	if err, _, _, _ := proxyConfigWith(t, []string{"linger.ms=5"}, ""); err != nil {

@@ -418,14 +418,14 @@ func (s *sender) confirmStreamed(ctx context.Context, rec *kgo.Record, f *os.Fil
 
 // sendStdin reads r up to the cutoff into memory; a larger input is spooled
 // to a temporary file and streamed from there.
-func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, r io.Reader) (sent, error) {
+func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, r io.Reader, hs []kgo.RecordHeader) (sent, error) {
 	l, cut := s.cutoff(ctx, topic)
 	head, err := io.ReadAll(io.LimitReader(r, cut+1))
 	if err != nil {
 		return sent{Name: name}, fmt.Errorf("reading standard input: %w", err)
 	}
 	if int64(len(head)) <= cut {
-		return s.sendBytes(ctx, topic, name, key, head, nil)
+		return s.sendBytes(ctx, topic, name, key, head, hs)
 	}
 	if !s.hasStore {
 		return sent{Name: name}, fmt.Errorf("standard input (more than %d bytes) is larger than topic %s accepts inline (threshold %d bytes) and must be offloaded, but %w",
@@ -449,7 +449,7 @@ func (s *sender) sendStdin(ctx context.Context, topic, name string, key []byte, 
 		return sent{Name: name}, fmt.Errorf("spooling standard input to %s: %w", tmp.Name(), err)
 	}
 	slog.Debug("standard input spooled", "file", tmp.Name(), "bytes", n)
-	return s.stream(ctx, topic, name, key, tmp, n, nil)
+	return s.stream(ctx, topic, name, key, tmp, n, hs)
 }
 
 // hashWithProgress is payloadstore.FilePayload with cancellation and a

@@ -6,6 +6,7 @@ import (
 	"math"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/hamba/avro/v2"
 )
@@ -55,22 +56,34 @@ func avroFromJSON(s avro.Schema, v any, path string, depth, maxDepth int) (any, 
 		if v == nil {
 			return nil, nil
 		}
-		m, ok := v.(map[string]any)
-		if !ok || len(m) != 1 {
-			return nil, fail("want null or {\"<type>\": value} for a union")
-		}
-		for name, inner := range m {
-			for _, b := range t.Types() {
-				if unionName(b) == name {
-					c, err := avroFromJSON(b, inner, path, depth+1, maxDepth)
-					if err != nil {
-						return nil, err
+		if m, ok := v.(map[string]any); ok && len(m) == 1 {
+			for name, inner := range m {
+				for _, b := range t.Types() {
+					if unionName(b) == name {
+						c, err := avroFromJSON(b, inner, path, depth+1, maxDepth)
+						if err != nil {
+							return nil, err
+						}
+						return map[string]any{name: c}, nil
 					}
-					return map[string]any{name: c}, nil
 				}
 			}
-			return nil, fail("the union has no branch %q", name)
 		}
+		// A union of null and one type also takes that type's value as it
+		// is (as ferry consume prints it, and hamba/avro decodes it).
+		if only := optionalBranch(t); only != nil {
+			c, err := avroFromJSON(only, v, path, depth+1, maxDepth)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{unionName(only): c}, nil
+		}
+		if m, ok := v.(map[string]any); ok && len(m) == 1 {
+			for name := range m {
+				return nil, fail("the union has no branch %q", name)
+			}
+		}
+		return nil, fail("want null or {\"<type>\": value} for a union")
 	case *avro.ArraySchema:
 		a, ok := v.([]any)
 		if !ok {
@@ -136,6 +149,11 @@ func avroFromJSON(s avro.Schema, v any, path string, depth, maxDepth int) (any, 
 	case avro.Bytes:
 		return jsonBytes(v, fail)
 	case avro.Int, avro.Long:
+		if str, ok := v.(string); ok {
+			if tm, ok := timeOf(s, str); ok {
+				return tm, nil
+			}
+		}
 		n, ok := v.(json.Number)
 		if !ok {
 			return nil, fail("want an integer")
@@ -166,6 +184,44 @@ func avroFromJSON(s avro.Schema, v any, path string, depth, maxDepth int) (any, 
 		return f, nil
 	}
 	return nil, fail("schema type %s is not supported", s.Type())
+}
+
+// optionalBranch is the non-null branch of a union of null and one type,
+// else nil.
+func optionalBranch(u *avro.UnionSchema) avro.Schema {
+	types := u.Types()
+	if len(types) != 2 {
+		return nil
+	}
+	switch {
+	case types[0].Type() == avro.Null:
+		return types[1]
+	case types[1].Type() == avro.Null:
+		return types[0]
+	}
+	return nil
+}
+
+// timeOf reads str as the time of a timestamp (RFC 3339) or date
+// (2006-01-02, or RFC 3339) logical type, which hamba/avro takes and gives
+// as a time.Time.
+func timeOf(s avro.Schema, str string) (time.Time, bool) {
+	ps, ok := s.(*avro.PrimitiveSchema)
+	if !ok || ps.Logical() == nil {
+		return time.Time{}, false
+	}
+	switch ps.Logical().Type() {
+	case avro.TimestampMillis, avro.TimestampMicros, avro.LocalTimestampMillis, avro.LocalTimestampMicros:
+		tm, err := time.Parse(time.RFC3339Nano, str)
+		return tm, err == nil
+	case avro.Date:
+		if tm, err := time.Parse(time.DateOnly, str); err == nil {
+			return tm, true
+		}
+		tm, err := time.Parse(time.RFC3339Nano, str)
+		return tm, err == nil
+	}
+	return time.Time{}, false
 }
 
 // unionName is the name a union's branch goes by in Avro's JSON encoding

@@ -80,3 +80,37 @@ func TestAvroJSONRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// What ferry consume prints is read back by ferry produce: a union of null
+// and one type (hamba/avro decodes one with a primitive branch to its plain
+// value, one with a named branch wrapped), timestamps and dates (RFC 3339).
+func TestAvroJSONPrintedFormReadsBack(t *testing.T) {
+	a, err := parseAvro(`{"type":"record","name":"P","fields":[{"name":"n","type":["null","string"]},`+
+		`{"name":"r","type":["null",{"type":"record","name":"Q","fields":[{"name":"k","type":"long"}]}]},`+
+		`{"name":"t","type":{"type":"long","logicalType":"timestamp-millis"}},{"name":"d","type":{"type":"int","logicalType":"date"}}]}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := Limits{MaxDepth: 50, MaxItems: 1000}
+	for _, in := range []string{
+		`{"n":"x","r":{"k":3},"t":"2023-11-14T22:13:20.5Z","d":"2023-11-14T00:00:00Z"}`,
+		`{"n":{"string":"x"},"r":{"Q":{"k":3}},"t":"2023-11-14T22:13:20.5Z","d":"2023-11-14"}`,
+	} {
+		v, err := a.fromJSON([]byte(in), lim)
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		b, err := avroAPI.Marshal(a.s, v)
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		out, err := (&parsedSchema{avro: a}).decode(t.Context(), Frame{Payload: b}, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := json.Marshal(AvroJSON(out))
+		if want := `{"d":"2023-11-14T00:00:00Z","n":"x","r":{"Q":{"k":3}},"t":"2023-11-14T22:13:20.5Z"}`; err != nil || string(got) != want {
+			t.Fatalf("%s printed as %s (%v), want %s", in, got, err, want)
+		}
+	}
+}

@@ -38,7 +38,8 @@ func (r *Registry) Latest(ctx context.Context, subject string, ttl time.Duration
 			if e := callError("GET /subjects/"+subject+"/versions/latest", err, -1); !errors.Is(e, ErrUnknownSchema) {
 				return nil, e
 			}
-			return nil, fmt.Errorf("%w: subject %s has no version in the registry", ErrUnknownSchema, subject)
+			return nil, fmt.Errorf("%w: subject %s has no version in the registry at %s (register a schema first: POST %s/subjects/%s/versions; the URL must be the registry's Confluent-compatible base)",
+				ErrUnknownSchema, subject, r.cfg.URL, r.cfg.URL, subject)
 		}
 		if ttl > 0 {
 			r.put(&cacheEntry{key: key, cost: 64 + int64(len(key)), id: ss.ID, ok: true, expires: time.Now().Add(ttl)})
@@ -74,12 +75,12 @@ func (r *Registry) Encode(ctx context.Context, id int, want sr.SchemaType, v any
 	case sr.TypeAvro:
 		if j, ok := v.(json.RawMessage); ok {
 			if v, err = s.avro.fromJSON(j, r.cfg.Limits); err != nil {
-				return nil, fmt.Errorf("schema id %d: %w", id, err)
+				return nil, err
 			}
 		}
 		b, err := avroAPI.Marshal(s.avro.s, v)
 		if err != nil {
-			return nil, fmt.Errorf("%w: Avro under schema id %d: %v", ErrInvalidPayload, id, err)
+			return nil, fmt.Errorf("%w: Avro: %v", ErrInvalidPayload, err)
 		}
 		return AppendFrame(nil, id, nil, b), nil
 	case sr.TypeJSON:
@@ -95,14 +96,14 @@ func (r *Registry) Encode(ctx context.Context, id int, want sr.SchemaType, v any
 			}
 		}
 		if err := s.json.validate(ctx, b, r.cfg.Limits); err != nil {
-			return nil, fmt.Errorf("schema id %d: %w", id, err)
+			return nil, err
 		}
 		return AppendFrame(nil, id, nil, b), nil
 	default:
 		if j, ok := v.(json.RawMessage); ok {
 			md, err := s.proto.message([]int{0})
 			if err != nil {
-				return nil, fmt.Errorf("schema id %d: %w", id, err)
+				return nil, err
 			}
 			dm := dynamicpb.NewMessage(md)
 			if err := (protojson.UnmarshalOptions{RecursionLimit: r.cfg.Limits.MaxDepth}).Unmarshal(j, dm); err != nil {
@@ -170,7 +171,7 @@ func (r *Registry) Decode(ctx context.Context, b []byte, want sr.SchemaType) (an
 	}
 	out, err := s.decode(ctx, f, r.cfg.Limits)
 	if err != nil {
-		return nil, f.ID, fmt.Errorf("schema id %d: %w", f.ID, err)
+		return nil, f.ID, err
 	}
 	return out, f.ID, nil
 }

@@ -72,7 +72,9 @@ func FromProps(props map[string]string, userAgent string) (Config, *http.Transpo
 	if err != nil {
 		return Config{}, nil, err
 	}
-	return Config{Client: cl, Timeout: time.Duration(timeout) * time.Millisecond, CacheMaxBytes: cacheMax,
+	first, _ := url.Parse(strings.TrimSpace(strings.Split(props[KeyURL], ",")[0]))
+	first.User = nil // credentials stay out of messages
+	return Config{Client: cl, URL: first.String(), Timeout: time.Duration(timeout) * time.Millisecond, CacheMaxBytes: cacheMax,
 		Limits: Limits{MaxDepth: DefaultMaxDepth, MaxItems: DefaultMaxItems}}, tr, nil
 }
 

@@ -79,6 +79,8 @@ type Config struct {
 	// Client is a franz-go sr client of the registry (URL, auth, TLS, its
 	// http.Client's timeout).
 	Client *sr.Client
+	// URL is the (first) base URL, for messages.
+	URL string
 	// Timeout bounds each registry call (within the caller's context).
 	Timeout time.Duration
 	// CacheMaxBytes bounds the cache of parsed schemas and of subject

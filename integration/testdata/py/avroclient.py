@@ -42,33 +42,14 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
-def b64(b):
-    return None if b is None else base64.b64encode(b).decode()
-
-
-def unb64(s):
-    return None if s is None else base64.b64decode(s)
-
-
-def emit(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+# The JSON-line helpers are kclient.py's (same folder, on sys.path when this
+# script runs).
+from kclient import b64, config, emit, unb64  # noqa: E402
 
 
 def fail(msg):
     sys.stderr.write("avroclient: %s\n" % msg)
     sys.exit(1)
-
-
-def config(args, **extra):
-    conf = {"bootstrap.servers": args.bootstrap}
-    conf.update(extra)
-    for kv in args.X:
-        k, sep, v = kv.partition("=")
-        if not sep:
-            fail("bad -X %r: want name=value" % kv)
-        conf[k] = v
-    return conf
 
 
 def from_json(args, value):
