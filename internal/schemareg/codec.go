@@ -178,6 +178,7 @@ func (r *Registry) Decode(ctx context.Context, b []byte, want sr.SchemaType) (an
 // decode checks f's payload within lim, then decodes it (see Decode).
 // Errors wrap ErrInvalidPayload.
 func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, error) {
+	lim.decoding = true
 	if err := s.validate(ctx, f, lim); err != nil {
 		return nil, err
 	}

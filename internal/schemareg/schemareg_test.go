@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -169,6 +170,55 @@ func TestAvroDepthBound(t *testing.T) {
 	}
 	if err := s.validate(context.Background(), nested(16), lim); !errors.Is(err, ErrInvalidPayload) || !strings.Contains(err.Error(), "deeper than 30") {
 		t.Fatalf("16 levels under depth 30: %v", err)
+	}
+}
+
+// Decoding into values (rules, the library's Deserializer) bounds the Avro
+// values that take no bytes: a few bytes of array count over nulls or
+// empty records would otherwise decode into gigabytes. At the bound
+// (payload size + maxZeroWidthValues) the payload decodes, one more is
+// refused; walking without decoding keeps only MaxItems; optional fields
+// that are null (one union byte each) are not limited by it.
+func TestAvroDecodeZeroWidthBound(t *testing.T) {
+	ctx := context.Background()
+	lim := Limits{MaxDepth: DefaultMaxDepth, MaxItems: DefaultMaxItems}
+	nulls := func(n int64) []byte { return append(binary.AppendVarint(nil, n), 0) }
+	for _, schema := range []string{`{"type":"array","items":"null"}`, `{"type":"array","items":{"type":"record","name":"E","fields":[]}}`} {
+		s, err := parseAvro(schema, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &parsedSchema{avro: s}
+		at := int64(len(nulls(maxZeroWidthValues))) + maxZeroWidthValues
+		if v, err := p.decode(ctx, Frame{Payload: nulls(at)}, lim); err != nil || int64(len(v.([]any))) != at {
+			t.Fatalf("%s: %d items at the bound: %v", schema, at, err)
+		}
+		if _, err := p.decode(ctx, Frame{Payload: nulls(at + 1)}, lim); !errors.Is(err, ErrInvalidPayload) || !strings.Contains(err.Error(), "take no bytes") {
+			t.Fatalf("%s: %d items, one over the bound: %v", schema, at+1, err)
+		}
+		// 5 bytes claiming 9 million items: refused before any is built.
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		if _, err := p.decode(ctx, Frame{Payload: nulls(9_000_000)}, lim); !errors.Is(err, ErrInvalidPayload) {
+			t.Fatalf("%s: 9M items: %v", schema, err)
+		}
+		runtime.ReadMemStats(&m1)
+		if grew := m1.TotalAlloc - m0.TotalAlloc; grew > 1<<20 {
+			t.Errorf("%s: refusing 9M items allocated %d bytes", schema, grew)
+		}
+		// The walk alone (no rules) allocates nothing: MaxItems is its bound.
+		if err := p.validate(ctx, Frame{Payload: nulls(9_000_000)}, lim); err != nil {
+			t.Fatalf("%s: walk of 9M items: %v", schema, err)
+		}
+	}
+	// 200000 optional fields that are null: one byte each, decoded.
+	s, err := parseAvro(`{"type":"array","items":["null","long"]}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := append(binary.AppendVarint(nil, 200_000), bytes.Repeat([]byte{0}, 200_000)...)
+	if v, err := (&parsedSchema{avro: s}).decode(ctx, Frame{Payload: append(opt, 0)}, lim); err != nil || len(v.([]any)) != 200_000 {
+		t.Fatalf("200000 null unions: %v", err)
 	}
 }
 
