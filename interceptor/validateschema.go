@@ -156,17 +156,26 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 		var subject string
 		id := -1
 		var err error
+		// A side the registry could not answer for (with
+		// validate.schema.registry.unavailable.allow) passes unchecked,
+		// and so do the rules, which read both sides; the other side is
+		// still checked.
+		unchecked := false
 		if checkKey {
-			if key, _, _, err = checkSide(ctx, r, true, keyStrategy, r.Key); err != nil {
-				return uncheckedOK(err)
+			if key, _, _, err = checkSide(ctx, r, true, keyStrategy, r.Key); err == errUnchecked {
+				unchecked = true
+			} else if err != nil {
+				return err
 			}
 		}
 		if checkValue {
-			if value, subject, id, err = checkSide(ctx, r, false, valueStrategy, r.Value); err != nil {
-				return uncheckedOK(err)
+			if value, subject, id, err = checkSide(ctx, r, false, valueStrategy, r.Value); err == errUnchecked {
+				unchecked = true
+			} else if err != nil {
+				return err
 			}
 		}
-		if rules == nil {
+		if rules == nil || unchecked {
 			return nil
 		}
 		if err := checkRules(ctx, rules, r.Topic, key, value); err != nil {
@@ -193,12 +202,6 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 // unchecked (its rules too).
 var errUnchecked = errors.New("unchecked")
 
-func uncheckedOK(err error) error {
-	if err == errUnchecked {
-		return nil
-	}
-	return err
-}
 
 // sideError maps a record side's check error (schemareg) to what the
 // producer gets: nil, INVALID_RECORD naming the side, subject and id, or
