@@ -151,3 +151,21 @@ func TestValidateSchemaRulesRegistryDown(t *testing.T) {
 		}
 	}
 }
+
+// validate.schema.protobuf.max.messages at its limit: a payload of that
+// many nested messages passes, one more is refused with INVALID_RECORD.
+func TestValidateSchemaProtobufMessages(t *testing.T) {
+	url, _ := stubRegistry(t, map[int][2]string{1: {"syntax = \"proto3\";\nmessage O { message L { int32 n = 1; } repeated L lines = 1; }\n", "PROTOBUF"}})
+	p := buildValidateSchema(t, map[string]string{KeySchemaRegistryURL: url, KeyValidateSchemaMaxMessages: "3"})
+	ctx := context.Background()
+	lines := func(n int) []byte { return schemareg.AppendFrame(nil, 1, []int{0}, []byte(strings.Repeat("\x0a\x00", n))) }
+	if err := p.ProcessRecord(ctx, &Record{Topic: "orders", Value: lines(3)}); err != nil {
+		t.Fatalf("3 messages at the bound 3: %v", err)
+	}
+	if err := p.ProcessRecord(ctx, &Record{Topic: "orders", Value: lines(4)}); !errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), "more than 3 nested messages") {
+		t.Fatalf("4 messages over the bound 3: %v", err)
+	}
+	if _, err := New(ctx, "validate-schema", map[string]string{KeySchemaRegistryURL: url, KeyValidateSchemaMaxMessages: "-1"}); err == nil || !strings.Contains(err.Error(), KeyValidateSchemaMaxMessages) {
+		t.Fatalf("a negative bound: %v", err)
+	}
+}

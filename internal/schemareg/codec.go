@@ -179,6 +179,13 @@ func (r *Registry) Decode(ctx context.Context, b []byte, want sr.SchemaType) (an
 // decode checks f's payload within lim, then decodes it (see Decode).
 // Errors wrap ErrInvalidPayload.
 func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, error) {
+	if s.proto != nil { // its check is the decoding: once is enough
+		m, err := s.proto.unmarshal(f.Indexes, f.Payload, lim)
+		if err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
 	lim.decoding = true
 	if err := s.validate(ctx, f, lim); err != nil {
 		return nil, err
@@ -196,13 +203,6 @@ func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, er
 		}
 	case s.json != nil:
 		err = json.Unmarshal(f.Payload, &out)
-	default:
-		var md protoreflect.MessageDescriptor
-		if md, err = s.proto.message(f.Indexes); err == nil {
-			m := dynamicpb.NewMessage(md)
-			err = (proto.UnmarshalOptions{RecursionLimit: lim.MaxDepth}).Unmarshal(f.Payload, m)
-			out = m
-		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidPayload, err)

@@ -22,6 +22,10 @@ type Limits struct {
 	MaxDepth int
 	// MaxItems bounds the Avro array and map items of one payload.
 	MaxItems int64
+	// MaxMessages bounds the Protobuf messages of one payload (nested
+	// messages and map entries, counted before it is decoded); 0: none
+	// beyond the top-level one.
+	MaxMessages int64
 	// decoding: the payload is checked to be decoded into values next
 	// (Registry.Decode, CheckDecode), which bounds the Avro values that
 	// take no bytes (avroWalk.zeroLeft).
