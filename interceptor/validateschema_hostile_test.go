@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -21,10 +22,13 @@ import (
 // stubRegistry serves schemas by id (each registered under orders-value
 // and orders-key) and fails with 503 while down: the outage a real
 // registry cannot be made to have on cue.
-func stubRegistry(t *testing.T, schemas map[int][2]string) (url string, down *atomic.Bool) {
+func stubRegistry(t *testing.T, schemas map[int][2]string) (url string, down *atomic.Bool, schemaCalls *atomic.Int64) {
 	t.Helper()
-	down = new(atomic.Bool)
+	down, schemaCalls = new(atomic.Bool), new(atomic.Int64)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/versions") {
+			schemaCalls.Add(1)
+		}
 		if down.Load() {
 			http.Error(w, "down", http.StatusServiceUnavailable)
 			return
@@ -45,7 +49,7 @@ func stubRegistry(t *testing.T, schemas map[int][2]string) (url string, down *at
 		_, _ = w.Write([]byte(`{"error_code":40403,"message":"Schema not found"}`))
 	}))
 	t.Cleanup(srv.Close)
-	return srv.URL, down
+	return srv.URL, down, schemaCalls
 }
 
 func buildValidateSchema(t *testing.T, cfg map[string]string) ProduceRequestInterceptor {
@@ -64,7 +68,7 @@ func buildValidateSchema(t *testing.T, cfg map[string]string) ProduceRequestInte
 // few Avro bytes claiming millions of nulls are refused before they are
 // decoded (with rules), and still pass the walk alone (no rules).
 func TestValidateSchemaRulesHostileValues(t *testing.T) {
-	url, _ := stubRegistry(t, map[int][2]string{
+	url, _, _ := stubRegistry(t, map[int][2]string{
 		1: {`{"type":"object"}`, "JSON"},
 		2: {`{"type":"array","items":"null"}`, "AVRO"},
 	})
@@ -114,7 +118,7 @@ func TestValidateSchemaRulesHostileValues(t *testing.T) {
 // too). With keys checked, a key the registry cannot answer for does not
 // let an invalid value through when the value's schema is cached.
 func TestValidateSchemaRulesRegistryDown(t *testing.T) {
-	url, down := stubRegistry(t, map[int][2]string{1: {`"long"`, "AVRO"}, 2: {`"string"`, "AVRO"}})
+	url, down, _ := stubRegistry(t, map[int][2]string{1: {`"long"`, "AVRO"}, 2: {`"string"`, "AVRO"}})
 	ctx := context.Background()
 	long := func(v int64) []byte { return schemareg.AppendFrame(nil, 1, nil, binary.AppendVarint(nil, v)) }
 	for _, allow := range []bool{false, true} {
@@ -155,7 +159,7 @@ func TestValidateSchemaRulesRegistryDown(t *testing.T) {
 // validate.schema.protobuf.max.messages at its limit: a payload of that
 // many nested messages passes, one more is refused with INVALID_RECORD.
 func TestValidateSchemaProtobufMessages(t *testing.T) {
-	url, _ := stubRegistry(t, map[int][2]string{1: {"syntax = \"proto3\";\nmessage O { message L { int32 n = 1; } repeated L lines = 1; }\n", "PROTOBUF"}})
+	url, _, _ := stubRegistry(t, map[int][2]string{1: {"syntax = \"proto3\";\nmessage O { message L { int32 n = 1; } repeated L lines = 1; }\n", "PROTOBUF"}})
 	p := buildValidateSchema(t, map[string]string{KeySchemaRegistryURL: url, KeyValidateSchemaMaxMessages: "3"})
 	ctx := context.Background()
 	lines := func(n int) []byte { return schemareg.AppendFrame(nil, 1, []int{0}, []byte(strings.Repeat("\x0a\x00", n))) }
@@ -167,5 +171,50 @@ func TestValidateSchemaProtobufMessages(t *testing.T) {
 	}
 	if _, err := New(ctx, "validate-schema", map[string]string{KeySchemaRegistryURL: url, KeyValidateSchemaMaxMessages: "-1"}); err == nil || !strings.Contains(err.Error(), KeyValidateSchemaMaxMessages) {
 		t.Fatalf("a negative bound: %v", err)
+	}
+}
+
+// Many producers at once through one instance with rules, over more
+// schemas than schema.registry.cache.max.bytes holds (each schema about
+// 3.5 KiB, 14 KiB of cost: four fit in the 64 KiB minimum), so entries
+// are evicted and fetched again under load: every valid record passes,
+// every invalid one is refused for its own reason (run with -race).
+func TestValidateSchemaRulesConcurrentEviction(t *testing.T) {
+	const schemas = 12
+	m := map[int][2]string{}
+	for i := 1; i <= schemas; i++ {
+		doc := fmt.Sprintf(`{"type":"record","name":"R%d","doc":"%s","fields":[{"name":"n","type":"long"}]}`, i, strings.Repeat("d", 3500))
+		m[i] = [2]string{doc, "AVRO"}
+	}
+	url, _, calls := stubRegistry(t, m)
+	p := buildValidateSchema(t, map[string]string{KeySchemaRegistryURL: url, KeySchemaRegistryCacheMax: "65536",
+		KeyValidateSchemaRulePrefix + "positive": "value.n > 0"})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 60 {
+				id := (g*7+i)%schemas + 1
+				n := int64(i%5 - 1) // -1 and 0 break the rule
+				err := p.ProcessRecord(ctx, &Record{Topic: "orders", Value: schemareg.AppendFrame(nil, id, nil, binary.AppendVarint(nil, n))})
+				switch {
+				case n > 0 && err != nil:
+					errs <- fmt.Errorf("id %d, n %d: %v", id, n, err)
+				case n <= 0 && (!errors.Is(err, kerr.InvalidRecord) || !strings.Contains(err.Error(), "rule positive")):
+					errs <- fmt.Errorf("id %d, n %d: %v, want the rule's INVALID_RECORD", id, n, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := calls.Load(); n <= schemas {
+		t.Errorf("%d schema fetches for %d schemas: the cache did not evict, so the test proved nothing", n, schemas)
 	}
 }
