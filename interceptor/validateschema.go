@@ -53,6 +53,11 @@ const (
 	// KeyValidateSchemaMaxItems bounds the Avro array and map items of one
 	// payload, default 10000000.
 	KeyValidateSchemaMaxItems = "validate.schema.avro.max.items"
+	// KeyValidateSchemaMaxMessages bounds the Protobuf messages (nested
+	// ones and map entries) of one payload, counted before it is decoded
+	// (each costs a dynamicpb message, about 350 bytes, though it may
+	// take 2 bytes), default 1000000.
+	KeyValidateSchemaMaxMessages = "validate.schema.protobuf.max.messages"
 	// KeyValidateSchemaUnavailableAllow: when the registry cannot be
 	// reached, let records through unchecked (default false: fail the
 	// partition with the retriable KAFKA_STORAGE_ERROR).
@@ -63,16 +68,17 @@ const (
 var validateSchemaKeys = []string{KeySchemaRegistryURL, KeyBasicAuthSource, KeyBasicAuthUserInfo,
 	KeySchemaRegistryTruststore, KeySchemaRegistryTruststoreType, KeySchemaRegistryTimeout,
 	KeySchemaRegistryCacheMax, KeyValidateSchemaKey, KeyValidateSchemaValue, KeyKeySubjectStrategy,
-	KeyValueSubjectStrategy, KeyValidateSchemaMaxDepth, KeyValidateSchemaMaxItems,
+	KeyValueSubjectStrategy, KeyValidateSchemaMaxDepth, KeyValidateSchemaMaxItems, KeyValidateSchemaMaxMessages,
 	KeyValidateSchemaUnavailableAllow, KeyValidateSchemaRuleCostMax}
 
 // Defaults of validate-schema's keys.
 const (
-	DefaultSchemaRegistryTimeout  = schemareg.DefaultTimeout
-	DefaultSchemaRegistryCacheMax = schemareg.DefaultCacheMax
-	DefaultValidateSchemaMaxDepth = schemareg.DefaultMaxDepth
-	DefaultValidateSchemaMaxItems = schemareg.DefaultMaxItems
-	maxValidateSchemaMaxDepth     = 10000
+	DefaultSchemaRegistryTimeout     = schemareg.DefaultTimeout
+	DefaultSchemaRegistryCacheMax    = schemareg.DefaultCacheMax
+	DefaultValidateSchemaMaxDepth    = schemareg.DefaultMaxDepth
+	DefaultValidateSchemaMaxItems    = schemareg.DefaultMaxItems
+	DefaultValidateSchemaMaxMessages = schemareg.DefaultMaxMessages
+	maxValidateSchemaMaxDepth        = 10000
 )
 
 func init() { Register("validate-schema", newValidateSchema) }
@@ -102,6 +108,10 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 	if err != nil {
 		return Instance{}, err
 	}
+	messages, err := intKey(config, KeyValidateSchemaMaxMessages, DefaultValidateSchemaMaxMessages, 0, 1<<40)
+	if err != nil {
+		return Instance{}, err
+	}
 	checkKey, err := boolKey(config, KeyValidateSchemaKey, false)
 	if err != nil {
 		return Instance{}, err
@@ -125,7 +135,7 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 	if !ok {
 		return Instance{}, fmt.Errorf("%s: %q is not TopicNameStrategy, RecordNameStrategy or TopicRecordNameStrategy", KeyValueSubjectStrategy, config[KeyValueSubjectStrategy])
 	}
-	regCfg.Limits = schemareg.Limits{MaxDepth: int(depth), MaxItems: items}
+	regCfg.Limits = schemareg.Limits{MaxDepth: int(depth), MaxItems: items, MaxMessages: messages}
 	reg := schemareg.New(regCfg)
 	rules, err := schemaRules(config)
 	if err != nil {
@@ -156,17 +166,26 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 		var subject string
 		id := -1
 		var err error
+		// A side the registry could not answer for (with
+		// validate.schema.registry.unavailable.allow) passes unchecked,
+		// and so do the rules, which read both sides; the other side is
+		// still checked.
+		unchecked := false
 		if checkKey {
-			if key, _, _, err = checkSide(ctx, r, true, keyStrategy, r.Key); err != nil {
-				return uncheckedOK(err)
+			if key, _, _, err = checkSide(ctx, r, true, keyStrategy, r.Key); err == errUnchecked {
+				unchecked = true
+			} else if err != nil {
+				return err
 			}
 		}
 		if checkValue {
-			if value, subject, id, err = checkSide(ctx, r, false, valueStrategy, r.Value); err != nil {
-				return uncheckedOK(err)
+			if value, subject, id, err = checkSide(ctx, r, false, valueStrategy, r.Value); err == errUnchecked {
+				unchecked = true
+			} else if err != nil {
+				return err
 			}
 		}
-		if rules == nil {
+		if rules == nil || unchecked {
 			return nil
 		}
 		if err := checkRules(ctx, rules, r.Topic, key, value); err != nil {
@@ -192,13 +211,6 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 // validate.schema.registry.unavailable.allow lets the record through
 // unchecked (its rules too).
 var errUnchecked = errors.New("unchecked")
-
-func uncheckedOK(err error) error {
-	if err == errUnchecked {
-		return nil
-	}
-	return err
-}
 
 // sideError maps a record side's check error (schemareg) to what the
 // producer gets: nil, INVALID_RECORD naming the side, subject and id, or

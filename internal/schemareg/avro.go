@@ -49,10 +49,26 @@ type avroWalk struct {
 	items    int64 // array and map items left (Limits.MaxItems)
 	maxDepth int
 	steps    int
+	// zeroLeft bounds, when the payload is to be decoded into values
+	// (Limits.decoding), the values that take no bytes: nulls, records of
+	// them, fixed of size 0. Each costs the decoder a slot or a map, so
+	// without the bound a few bytes (an array count) would decode into
+	// gigabytes. -1: not bounded (a walk alone allocates nothing).
+	zeroLeft int64
 }
 
+// maxZeroWidthValues is what a payload may decode, beside one per byte of
+// it, of values that take no bytes (see avroWalk.zeroLeft): an optional
+// field that is null takes one byte (its union branch), so real records
+// stay within len(payload); the allowance covers records with null-typed
+// or empty-record fields.
+const maxZeroWidthValues = 65536
+
 func (a *avroSchema) validate(ctx context.Context, b []byte, lim Limits) error {
-	w := &avroWalk{ctx: ctx, b: b, items: lim.MaxItems, maxDepth: lim.MaxDepth}
+	w := &avroWalk{ctx: ctx, b: b, items: lim.MaxItems, maxDepth: lim.MaxDepth, zeroLeft: -1}
+	if lim.decoding {
+		w.zeroLeft = int64(len(b)) + maxZeroWidthValues
+	}
 	if err := w.value(a.s, 0); err != nil {
 		return err
 	}
@@ -84,6 +100,20 @@ func (w *avroWalk) skip(n int64, what string) error {
 }
 
 func (w *avroWalk) value(s avro.Schema, depth int) error {
+	start := w.off
+	if err := w.value1(s, depth); err != nil {
+		return err
+	}
+	if _, ref := s.(*avro.RefSchema); w.off == start && w.zeroLeft >= 0 && !ref {
+		if w.zeroLeft--; w.zeroLeft < 0 {
+			return w.fail("more than %d values that take no bytes (nulls, empty records) in a payload of %d bytes: decoding it would allocate far more than its size (the bound is %d plus its size)",
+				int64(len(w.b))+maxZeroWidthValues, len(w.b), maxZeroWidthValues)
+		}
+	}
+	return nil
+}
+
+func (w *avroWalk) value1(s avro.Schema, depth int) error {
 	if depth > w.maxDepth {
 		return w.fail("nested deeper than %d", w.maxDepth)
 	}

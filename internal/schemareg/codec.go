@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/hamba/avro/v2"
@@ -179,6 +180,14 @@ func (r *Registry) Decode(ctx context.Context, b []byte, want sr.SchemaType) (an
 // decode checks f's payload within lim, then decodes it (see Decode).
 // Errors wrap ErrInvalidPayload.
 func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, error) {
+	if s.proto != nil { // its check is the decoding: once is enough
+		m, err := s.proto.unmarshal(f.Indexes, f.Payload, lim)
+		if err != nil {
+			return nil, err
+		}
+		return m, nil
+	}
+	lim.decoding = true
 	if err := s.validate(ctx, f, lim); err != nil {
 		return nil, err
 	}
@@ -187,15 +196,14 @@ func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, er
 	switch {
 	case s.avro != nil:
 		err = avroAPI.Unmarshal(s.avro.s, f.Payload, &out)
+	case s.json != nil && lim.ruleNumbers:
+		d := json.NewDecoder(bytes.NewReader(f.Payload))
+		d.UseNumber()
+		if err = d.Decode(&out); err == nil {
+			out, err = ruleNumbers(out)
+		}
 	case s.json != nil:
 		err = json.Unmarshal(f.Payload, &out)
-	default:
-		var md protoreflect.MessageDescriptor
-		if md, err = s.proto.message(f.Indexes); err == nil {
-			m := dynamicpb.NewMessage(md)
-			err = (proto.UnmarshalOptions{RecursionLimit: lim.MaxDepth}).Unmarshal(f.Payload, m)
-			out = m
-		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidPayload, err)
@@ -216,4 +224,49 @@ func (a *avroSchema) fromJSON(j []byte, lim Limits) (any, error) {
 		return nil, fmt.Errorf("%w: JSON: %v", ErrInvalidPayload, err)
 	}
 	return avroFromJSON(a.s, v, "", 0, lim.MaxDepth)
+}
+
+// maxExactFloat: integers of at most this magnitude are exact as float64.
+const maxExactFloat = 1 << 53
+
+// ruleNumbers replaces v's json.Numbers: float64, except integers beyond
+// ±2^53 (ids, amounts in minor units), which a float64 would round so that
+// a rule compares another number than the record holds: int64, or uint64
+// when positive and over int64's range. An integer beyond both stays a
+// float64 (its nearest). Errors: a number out of float64's range.
+func ruleNumbers(v any) (any, error) {
+	switch t := v.(type) {
+	case json.Number:
+		if i, err := t.Int64(); err == nil {
+			if i > maxExactFloat || i < -maxExactFloat {
+				return i, nil
+			}
+			return float64(i), nil
+		}
+		if u, err := strconv.ParseUint(string(t), 10, 64); err == nil {
+			return u, nil
+		}
+		f, err := t.Float64()
+		if err != nil {
+			return nil, fmt.Errorf("JSON number %.40s: %w", t, err)
+		}
+		return f, nil
+	case map[string]any:
+		for k, e := range t {
+			n, err := ruleNumbers(e)
+			if err != nil {
+				return nil, err
+			}
+			t[k] = n
+		}
+	case []any:
+		for i, e := range t {
+			n, err := ruleNumbers(e)
+			if err != nil {
+				return nil, err
+			}
+			t[i] = n
+		}
+	}
+	return v, nil
 }

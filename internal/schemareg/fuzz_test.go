@@ -25,7 +25,7 @@ func FuzzSchemaDecode(f *testing.F) {
 			return
 		}
 		ctx := context.Background()
-		lim := Limits{MaxDepth: 64, MaxItems: 10000}
+		lim := Limits{MaxDepth: 64, MaxItems: 10000, MaxMessages: 10000}
 		var err error
 		switch kind % 3 {
 		case 0:

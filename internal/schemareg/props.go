@@ -48,7 +48,11 @@ const (
 	// DefaultMaxDepth is Jackson's JSON nesting bound.
 	DefaultMaxDepth = 1000
 	DefaultMaxItems = 10_000_000
-	minCacheMax     = 64 << 10
+	// DefaultMaxMessages bounds the Protobuf messages (nested ones and map
+	// entries) of one payload: each costs a dynamicpb message, about 350
+	// bytes, though it may take 2 bytes of the payload.
+	DefaultMaxMessages = 1_000_000
+	minCacheMax        = 64 << 10
 )
 
 // ConnectionKeys are the keys FromProps reads.
@@ -75,7 +79,7 @@ func FromProps(props map[string]string, userAgent string) (Config, *http.Transpo
 	first, _ := url.Parse(strings.TrimSpace(strings.Split(props[KeyURL], ",")[0]))
 	first.User = nil // credentials stay out of messages
 	return Config{Client: cl, URL: first.String(), Timeout: time.Duration(timeout) * time.Millisecond, CacheMaxBytes: cacheMax,
-		Limits: Limits{MaxDepth: DefaultMaxDepth, MaxItems: DefaultMaxItems}}, tr, nil
+		Limits: Limits{MaxDepth: DefaultMaxDepth, MaxItems: DefaultMaxItems, MaxMessages: DefaultMaxMessages}}, tr, nil
 }
 
 // client builds the sr client from the connection keys.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/bufbuild/protocompile"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
@@ -68,13 +69,67 @@ func (p *protoSchema) recordName(indexes []int) (string, error) {
 }
 
 func (p *protoSchema) validate(_ context.Context, indexes []int, b []byte, lim Limits) error {
+	_, err := p.unmarshal(indexes, b, lim)
+	return err
+}
+
+// unmarshal decodes b into a dynamicpb message of the message indexes
+// names, after counting its messages within lim.MaxMessages (a 2-byte
+// empty message costs dynamicpb some 350 bytes, so a payload of them
+// would claim 175 times its size). Errors wrap ErrInvalidPayload.
+func (p *protoSchema) unmarshal(indexes []int, b []byte, lim Limits) (*dynamicpb.Message, error) {
 	md, err := p.message(indexes)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	left := lim.MaxMessages
+	if !countMessages(md, b, &left, 0, lim.MaxDepth) {
+		return nil, fmt.Errorf("%w: Protobuf %s: more than %d nested messages and map entries in %d bytes", ErrInvalidPayload, md.FullName(), lim.MaxMessages, len(b))
 	}
 	m := dynamicpb.NewMessage(md)
 	if err := (proto.UnmarshalOptions{RecursionLimit: lim.MaxDepth}).Unmarshal(b, m); err != nil {
-		return fmt.Errorf("%w: Protobuf %s: %v", ErrInvalidPayload, md.FullName(), err)
+		return nil, fmt.Errorf("%w: Protobuf %s: %v", ErrInvalidPayload, md.FullName(), err)
 	}
-	return nil
+	return m, nil
+}
+
+// countMessages counts, into *left, the messages b holds for md (fields of
+// message or group kind, map entries), and reports false once it goes
+// below 0. Anything it cannot read (bad wire format, deeper than maxDepth)
+// ends the count: the decoder reports it.
+func countMessages(md protoreflect.MessageDescriptor, b []byte, left *int64, depth, maxDepth int) bool {
+	if depth >= maxDepth {
+		return true
+	}
+	fields := md.Fields()
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return true
+		}
+		b = b[n:]
+		fd := fields.ByNumber(num)
+		var sub []byte
+		msg := false
+		switch {
+		case fd != nil && typ == protowire.BytesType && fd.Kind() == protoreflect.MessageKind: // maps too
+			sub, n = protowire.ConsumeBytes(b)
+			msg = true
+		case fd != nil && typ == protowire.StartGroupType && fd.Kind() == protoreflect.GroupKind:
+			sub, n = protowire.ConsumeGroup(num, b)
+			msg = true
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return true
+		}
+		b = b[n:]
+		if msg {
+			if *left--; *left < 0 || !countMessages(fd.Message(), sub, left, depth+1, maxDepth) {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -22,6 +22,18 @@ type Limits struct {
 	MaxDepth int
 	// MaxItems bounds the Avro array and map items of one payload.
 	MaxItems int64
+	// MaxMessages bounds the Protobuf messages of one payload (nested
+	// messages and map entries, counted before it is decoded); 0: none
+	// beyond the top-level one.
+	MaxMessages int64
+	// decoding: the payload is checked to be decoded into values next
+	// (Registry.Decode, CheckDecode), which bounds the Avro values that
+	// take no bytes (avroWalk.zeroLeft).
+	decoding bool
+	// ruleNumbers: JSON numbers decode as float64, except integers a
+	// float64 cannot hold exactly (beyond 2^53), which decode as int64 or
+	// uint64 (CheckDecode: rules must not compare a rounded id).
+	ruleNumbers bool
 }
 
 // Strategy names a subject (Confluent's subject name strategies).
@@ -149,7 +161,8 @@ func (r *Registry) Check(ctx context.Context, topic string, isKey bool, strategy
 }
 
 // CheckDecode is Check that also returns the payload decoded (as Decode
-// does), for rules over its fields.
+// does), for rules over its fields; JSON integers beyond 2^53 (which a
+// float64 would round) decode as int64 or uint64 when they fit.
 func (r *Registry) CheckDecode(ctx context.Context, topic string, isKey bool, strategy Strategy, b []byte) (subject string, id int, value any, err error) {
 	return r.check(ctx, topic, isKey, strategy, b, true)
 }
@@ -178,7 +191,9 @@ func (r *Registry) check(ctx context.Context, topic string, isKey bool, strategy
 		return subject, f.ID, nil, err
 	}
 	if decode {
-		value, err = s.decode(ctx, f, r.cfg.Limits)
+		lim := r.cfg.Limits
+		lim.ruleNumbers = true
+		value, err = s.decode(ctx, f, lim)
 		return subject, f.ID, value, err
 	}
 	return subject, f.ID, nil, s.validate(ctx, f, r.cfg.Limits)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -12,7 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-var testLimits = Limits{MaxDepth: 64, MaxItems: 1000}
+var testLimits = Limits{MaxDepth: 64, MaxItems: 1000, MaxMessages: 1000}
 
 func TestParseFrame(t *testing.T) {
 	framed := AppendFrame(nil, 7, nil, []byte("body"))
@@ -172,6 +173,55 @@ func TestAvroDepthBound(t *testing.T) {
 	}
 }
 
+// Decoding into values (rules, the library's Deserializer) bounds the Avro
+// values that take no bytes: a few bytes of array count over nulls or
+// empty records would otherwise decode into gigabytes. At the bound
+// (payload size + maxZeroWidthValues) the payload decodes, one more is
+// refused; walking without decoding keeps only MaxItems; optional fields
+// that are null (one union byte each) are not limited by it.
+func TestAvroDecodeZeroWidthBound(t *testing.T) {
+	ctx := context.Background()
+	lim := Limits{MaxDepth: DefaultMaxDepth, MaxItems: DefaultMaxItems}
+	nulls := func(n int64) []byte { return append(binary.AppendVarint(nil, n), 0) }
+	for _, schema := range []string{`{"type":"array","items":"null"}`, `{"type":"array","items":{"type":"record","name":"E","fields":[]}}`} {
+		s, err := parseAvro(schema, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &parsedSchema{avro: s}
+		at := int64(len(nulls(maxZeroWidthValues))) + maxZeroWidthValues
+		if v, err := p.decode(ctx, Frame{Payload: nulls(at)}, lim); err != nil || int64(len(v.([]any))) != at {
+			t.Fatalf("%s: %d items at the bound: %v", schema, at, err)
+		}
+		if _, err := p.decode(ctx, Frame{Payload: nulls(at + 1)}, lim); !errors.Is(err, ErrInvalidPayload) || !strings.Contains(err.Error(), "take no bytes") {
+			t.Fatalf("%s: %d items, one over the bound: %v", schema, at+1, err)
+		}
+		// 5 bytes claiming 9 million items: refused before any is built.
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		if _, err := p.decode(ctx, Frame{Payload: nulls(9_000_000)}, lim); !errors.Is(err, ErrInvalidPayload) {
+			t.Fatalf("%s: 9M items: %v", schema, err)
+		}
+		runtime.ReadMemStats(&m1)
+		if grew := m1.TotalAlloc - m0.TotalAlloc; grew > 1<<20 {
+			t.Errorf("%s: refusing 9M items allocated %d bytes", schema, grew)
+		}
+		// The walk alone (no rules) allocates nothing: MaxItems is its bound.
+		if err := p.validate(ctx, Frame{Payload: nulls(9_000_000)}, lim); err != nil {
+			t.Fatalf("%s: walk of 9M items: %v", schema, err)
+		}
+	}
+	// 200000 optional fields that are null: one byte each, decoded.
+	s, err := parseAvro(`{"type":"array","items":["null","long"]}`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := append(binary.AppendVarint(nil, 200_000), bytes.Repeat([]byte{0}, 200_000)...)
+	if v, err := (&parsedSchema{avro: s}).decode(ctx, Frame{Payload: append(opt, 0)}, lim); err != nil || len(v.([]any)) != 200_000 {
+		t.Fatalf("200000 null unions: %v", err)
+	}
+}
+
 const testProto = "syntax = \"proto3\";\npackage dev.ferry.test;\n\nmessage Order {\n  int64 id = 1;\n  string item = 2;\n  message Line { int32 n = 1; }\n  repeated Line lines = 3;\n}\nmessage Other { bytes b = 1; }\n"
 
 func TestProtobuf(t *testing.T) {
@@ -229,6 +279,56 @@ func TestProtobuf(t *testing.T) {
 
 const testJSONSchema = `{"$schema":"http://json-schema.org/draft-07/schema#","title":"Order","type":"object",` +
 	`"properties":{"id":{"type":"integer"},"item":{"type":"string"}},"required":["id"]}`
+
+// Protobuf messages are counted before the payload is decoded: a 2-byte
+// empty message costs dynamicpb some 350 bytes. At MaxMessages the payload
+// decodes, one more is refused, without building any; nested messages and
+// map entries count; a payload with no nested message is not limited.
+func TestProtobufMessageBound(t *testing.T) {
+	ctx := context.Background()
+	p, err := parseProtobuf(ctx, "syntax = \"proto3\";\nmessage O {\n  message L { L l = 1; }\n  repeated L lines = 3;\n  map<string, L> m = 4;\n  string s = 5;\n}\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := Limits{MaxDepth: DefaultMaxDepth, MaxItems: DefaultMaxItems, MaxMessages: 1000}
+	empties := func(n int) []byte { return bytes.Repeat([]byte{0x1a, 0x00}, n) }
+	if v, err := (&parsedSchema{proto: p}).decode(ctx, Frame{Indexes: []int{0}, Payload: empties(1000)}, lim); err != nil || v == nil {
+		t.Fatalf("1000 nested messages at the bound 1000: %v", err)
+	}
+	if _, err := (&parsedSchema{proto: p}).decode(ctx, Frame{Indexes: []int{0}, Payload: empties(1001)}, lim); !errors.Is(err, ErrInvalidPayload) || !strings.Contains(err.Error(), "more than 1000 nested messages") {
+		t.Fatalf("1001 nested messages: %v", err)
+	}
+	// 500 lines each holding one more message: 1000 in all, then 1002.
+	nested := bytes.Repeat([]byte{0x1a, 0x02, 0x0a, 0x00}, 500)
+	if err := p.validate(ctx, []int{0}, nested, lim); err != nil {
+		t.Fatalf("500 lines of 2 messages: %v", err)
+	}
+	if err := p.validate(ctx, []int{0}, append(nested, 0x1a, 0x02, 0x0a, 0x00), lim); !errors.Is(err, ErrInvalidPayload) {
+		t.Fatalf("501 lines of 2 messages: %v", err)
+	}
+	// Map entries (key "", no value) count too.
+	if err := p.validate(ctx, []int{0}, bytes.Repeat([]byte{0x22, 0x00}, 1001), lim); !errors.Is(err, ErrInvalidPayload) {
+		t.Fatalf("1001 map entries: %v", err)
+	}
+	// A long string is one message.
+	s := protowire.AppendString(protowire.AppendTag(nil, 5, protowire.BytesType), strings.Repeat("x", 100000))
+	if err := p.validate(ctx, []int{0}, s, Limits{MaxDepth: 10}); err != nil {
+		t.Fatalf("a string with no nested message under MaxMessages 0: %v", err)
+	}
+	// 512Ki empty messages in 1 MiB, under the default: refused without
+	// allocating what decoding them would (about 180 MB).
+	many := empties(512 << 10)
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	err = p.validate(ctx, []int{0}, many, Limits{MaxDepth: DefaultMaxDepth, MaxMessages: 100_000})
+	runtime.ReadMemStats(&m1)
+	if !errors.Is(err, ErrInvalidPayload) {
+		t.Fatalf("512Ki empty messages: %v", err)
+	}
+	if grew := m1.TotalAlloc - m0.TotalAlloc; grew > 1<<20 {
+		t.Errorf("refusing 512Ki empty messages allocated %d bytes", grew)
+	}
+}
 
 func TestJSONSchema(t *testing.T) {
 	ctx := context.Background()
