@@ -3,6 +3,7 @@ module github.com/ferrykit/ferry
 go 1.26.0
 
 require (
+	cel.dev/cel-go v0.33.3
 	cloud.google.com/go/storage v1.70.0
 	github.com/Azure/azure-sdk-for-go/sdk/azcore v1.23.3
 	github.com/Azure/azure-sdk-for-go/sdk/storage/azblob v1.8.3
@@ -53,7 +54,6 @@ require (
 )
 
 require (
-	cel.dev/cel-go v0.33.3 // indirect
 	cel.dev/expr v0.25.3 // indirect
 	cloud.google.com/go v0.123.0 // indirect
 	cloud.google.com/go/auth v0.24.1 // indirect
