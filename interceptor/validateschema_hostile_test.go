@@ -124,7 +124,7 @@ func TestValidateSchemaRulesRegistryDown(t *testing.T) {
 	for _, allow := range []bool{false, true} {
 		down.Store(false)
 		p := buildValidateSchema(t, map[string]string{KeySchemaRegistryURL: url, KeyValidateSchemaKey: "true",
-			KeyValidateSchemaUnavailableAllow: fmt.Sprint(allow),
+			KeyValidateSchemaUnavailableAllow:        fmt.Sprint(allow),
 			KeyValidateSchemaRulePrefix + "positive": "value > 0"})
 		if err := p.ProcessRecord(ctx, &Record{Topic: "orders", Key: long(1), Value: long(5)}); err != nil {
 			t.Fatalf("allow=%v: warm-up: %v", allow, err)
@@ -162,7 +162,9 @@ func TestValidateSchemaProtobufMessages(t *testing.T) {
 	url, _, _ := stubRegistry(t, map[int][2]string{1: {"syntax = \"proto3\";\nmessage O { message L { int32 n = 1; } repeated L lines = 1; }\n", "PROTOBUF"}})
 	p := buildValidateSchema(t, map[string]string{KeySchemaRegistryURL: url, KeyValidateSchemaMaxMessages: "3"})
 	ctx := context.Background()
-	lines := func(n int) []byte { return schemareg.AppendFrame(nil, 1, []int{0}, []byte(strings.Repeat("\x0a\x00", n))) }
+	lines := func(n int) []byte {
+		return schemareg.AppendFrame(nil, 1, []int{0}, []byte(strings.Repeat("\x0a\x00", n)))
+	}
 	if err := p.ProcessRecord(ctx, &Record{Topic: "orders", Value: lines(3)}); err != nil {
 		t.Fatalf("3 messages at the bound 3: %v", err)
 	}
