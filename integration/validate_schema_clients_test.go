@@ -189,10 +189,7 @@ func TestValidateSchemaPythonAvro(t *testing.T) {
 		// librdkafka shows INVALID_RECORD's text, not the broker's
 		// error_message (KIP-467); the proxy's reason for these same bytes:
 		ans := produceAnswer(t, via, topic, o.Sent)
-		msg := ""
-		if ans.ErrorMessage != nil {
-			msg = *ans.ErrorMessage
-		}
+		msg := answerMessage(ans)
 		if ans.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(msg, reasons[i]) {
 			t.Fatalf("refused record %d: the proxy answers code %d %q, want INVALID_RECORD naming %q", i, ans.ErrorCode, msg, reasons[i])
 		}
@@ -387,10 +384,7 @@ func TestValidateSchemaChainOrder(t *testing.T) {
 	small, large := framedBlob(ss.ID, 1, "small", 1, 1000), framedBlob(ss.ID, 2, "large", 2, 2<<20)
 	answer := func(via string, value []byte) (int16, string) {
 		p := produceAnswer(t, via, topic, value)
-		msg := ""
-		if p.ErrorMessage != nil {
-			msg = *p.ErrorMessage
-		}
+		msg := answerMessage(p)
 		return p.ErrorCode, msg
 	}
 

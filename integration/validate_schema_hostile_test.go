@@ -49,15 +49,7 @@ func TestValidateSchemaHostileRecords(t *testing.T) {
 	refused := func(value []byte, topic, want string) {
 		t.Helper()
 		p := produceAnswer(t, via, topic, value)
-		msg := ""
-		if p.ErrorMessage != nil {
-			msg = *p.ErrorMessage
-		}
-		for _, re := range p.ErrorRecords {
-			if re.ErrorMessage != nil {
-				msg += " | " + *re.ErrorMessage
-			}
-		}
+		msg := answerMessage(p)
 		if p.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(msg, want) {
 			t.Fatalf("code %d, message %q; want INVALID_RECORD naming %q", p.ErrorCode, msg, want)
 		}

@@ -68,6 +68,21 @@ func kcatProduceFile(t *testing.T, via, topic string, value []byte) (string, err
 	return string(errOut), err
 }
 
+// answerMessage is a produce answer's error_message and its record_errors'
+// messages (KIP-467), joined: what the Java producer shows.
+func answerMessage(p kmsg.ProduceResponseTopicPartition) string {
+	msg := ""
+	if p.ErrorMessage != nil {
+		msg = *p.ErrorMessage
+	}
+	for _, re := range p.ErrorRecords {
+		if re.ErrorMessage != nil {
+			msg += " | record " + strconv.Itoa(int(re.RelativeOffset)) + ": " + *re.ErrorMessage
+		}
+	}
+	return msg
+}
+
 // produceAnswer sends value as one record in one Produce request (kmsg,
 // acks=all, v12: topics by name) to via and returns the partition's answer:
 // its code, the error_message and record_errors (KIP-467) that the Java
@@ -167,15 +182,7 @@ func TestValidateSchemaKcatAvro(t *testing.T) {
 			t.Fatalf("kcat, %s: exit %v, stderr lacks INVALID_RECORD's text:\n%s", tc.name, err, errOut)
 		}
 		p := produceAnswer(t, via, "orders", tc.value)
-		msg := ""
-		if p.ErrorMessage != nil {
-			msg = *p.ErrorMessage
-		}
-		for _, re := range p.ErrorRecords {
-			if re.ErrorMessage != nil {
-				msg += " | record " + strconv.Itoa(int(re.RelativeOffset)) + ": " + *re.ErrorMessage
-			}
-		}
+		msg := answerMessage(p)
 		if p.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(msg, tc.reason) {
 			t.Fatalf("%s: code %d, message %q; want INVALID_RECORD naming %q", tc.name, p.ErrorCode, msg, tc.reason)
 		}
@@ -354,10 +361,7 @@ func TestValidateSchemaFormats(t *testing.T) {
 		{"Protobuf id on the JSON topic", jsonTopic, schemareg.AppendFrame(nil, ps.ID, []int{0}, protoOrder), "not registered under the subject"},
 	} {
 		p := produceAnswer(t, via, tc.topic, tc.value)
-		msg := ""
-		if p.ErrorMessage != nil {
-			msg = *p.ErrorMessage
-		}
+		msg := answerMessage(p)
 		if tc.reason == "" {
 			if p.ErrorCode != 0 {
 				t.Fatalf("%s: code %d, %s", tc.name, p.ErrorCode, msg)
@@ -401,15 +405,7 @@ func TestValidateSchemaRules(t *testing.T) {
 		{schemareg.AppendFrame(nil, ss.ID, nil, avroOrder(t, 5, "sprocket")), "rule known-item"},
 	} {
 		p := produceAnswer(t, via, topic, tc.value)
-		msg := ""
-		if p.ErrorMessage != nil {
-			msg = *p.ErrorMessage
-		}
-		for _, re := range p.ErrorRecords {
-			if re.ErrorMessage != nil {
-				msg += " | " + *re.ErrorMessage
-			}
-		}
+		msg := answerMessage(p)
 		if p.ErrorCode != kerr.InvalidRecord.Code || !strings.Contains(msg, tc.want) || !strings.Contains(msg, "schema id "+strconv.Itoa(ss.ID)) {
 			t.Fatalf("code %d, message %q; want INVALID_RECORD naming %q and the schema id", p.ErrorCode, msg, tc.want)
 		}
