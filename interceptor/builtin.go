@@ -16,7 +16,7 @@ const KeySide = "side"
 // largemessage.ParseConfig).
 func Keys() []string {
 	return slices.Concat([]string{KeySide, KeyTopicPattern, KeyTimeout, KeyJSONMaxDepth, KeyRedactFields, KeyRedactMask,
-		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile, KeyPayloadCacheMax}, encryptKeys, validateSchemaKeys)
+		KeyRedactCaseSensitive, KeyJSONSchema, KeyJSONSchemaFile, KeyPayloadCacheMax, KeyStreamThreshold}, encryptKeys, validateSchemaKeys)
 }
 
 // named is the common part of the built-ins.

@@ -39,6 +39,7 @@ func init() { Register("large-message", newLargeMessageFromConfig) }
 type LargeMessage struct {
 	pattern   *regexp.Regexp
 	threshold int64 // large.message.threshold.bytes; 0 derives it
+	stream    int64 // large.message.stream.threshold.bytes
 	sers      map[string]*largemessage.Serializer
 	de        *largemessage.Deserializer
 	store     payloadstore.PayloadStore
@@ -57,6 +58,16 @@ const KeyPayloadCacheMax = "large.message.payload.cache.max.bytes"
 
 // DefaultPayloadCacheMax is KeyPayloadCacheMax's default: 128 MiB.
 const DefaultPayloadCacheMax = 128 << 20
+
+// KeyStreamThreshold is the size in bytes above which a record value goes
+// between the client's socket and the payload store as a stream instead of
+// being held whole in memory: on produce it is published as it arrives, on
+// fetch it is read from the store as it is written to the client. The
+// proxy's memory for such a record does not grow with its size.
+const KeyStreamThreshold = "large.message.stream.threshold.bytes"
+
+// DefaultStreamThreshold is KeyStreamThreshold's default: 8 MiB.
+const DefaultStreamThreshold = 8 << 20
 
 // WithTracer traces the records l offloads ("send <topic>", kind producer,
 // parent: the record's own traceparent when a client set one; the
@@ -107,6 +118,10 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 	if err != nil {
 		return Instance{}, err
 	}
+	stream, err := parseStreamThreshold(config)
+	if err != nil {
+		return Instance{}, err
+	}
 	if mem := memoryFrom(ctx); mem != nil {
 		// Ranged downloads take their buffers from the proxy's budget.
 		cfg.DownloadBudget = payloadstore.Budget{Take: mem.TryTake, Give: mem.Give}
@@ -133,6 +148,7 @@ func newLargeMessageFromConfig(ctx context.Context, config map[string]string) (I
 	}
 	l := NewLargeMessage(store, cfg, re).WithTracer(tr)
 	l.m = m
+	l.stream = stream
 	in := Instance{Close: closeStore}
 	if p {
 		in.Produce = l
@@ -160,6 +176,21 @@ func parseCacheMax(config map[string]string, mem *Memory) (int64, error) {
 	}
 	if mem != nil && n > mem.Limit() {
 		return 0, fmt.Errorf("%s is %d: it must be at most %s (%d), from which the cache takes its bytes", KeyPayloadCacheMax, n, KeyMemoryMax, mem.Limit())
+	}
+	return n, nil
+}
+
+// parseStreamThreshold reads KeyStreamThreshold (default
+// DefaultStreamThreshold; at least 1 MiB, so that a stream is worth its
+// set-up).
+func parseStreamThreshold(config map[string]string) (int64, error) {
+	v, ok := config[KeyStreamThreshold]
+	if !ok || strings.TrimSpace(v) == "" {
+		return DefaultStreamThreshold, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 1<<20 {
+		return 0, fmt.Errorf("%s: %q is not a number of bytes of at least 1048576", KeyStreamThreshold, v)
 	}
 	return n, nil
 }

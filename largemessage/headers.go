@@ -23,6 +23,12 @@ const (
 	// HeaderPayloadMetadata is the store's custom metadata (KIP-917), raw
 	// bytes; present only when the store returned some.
 	HeaderPayloadMetadata = "ferry.payload.metadata"
+	// HeaderPayloadCRC32C is the CRC-32C (Castagnoli) of the payload's
+	// bytes as the client sent them (the plaintext value), 8 lowercase hex
+	// digits. With it the proxy can write a fetched batch's CRC before it
+	// has read the payload, and so stream the payload from the store to the
+	// client (#19). Optional: a reference without it is resolved in memory.
+	HeaderPayloadCRC32C = "ferry.payload.crc32c"
 
 	// The same three facts for an offloaded key.
 	HeaderKeyPayloadSize     = "ferry.key.payload.size"
