@@ -67,7 +67,10 @@ kafka-avro-console-producer reads it; also what ferry consume prints: a
 union of null and one type as its plain value, RFC 3339 timestamps); for
 protobuf, protojson's mapping of
 the schema's first message; for json-schema, the JSON itself, checked
-against the schema. Such an input is read into memory (at most 256 MiB).`,
+against the schema. Such an input is read into memory (at most 256 MiB).
+Without large-message in value.serializers (avro alone), the encoded value
+is produced inline, and one that does not fit the topic is refused before
+it is sent.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageErrorf("produce: name at least one FILE, or - for standard input (see ferry produce --help)")
