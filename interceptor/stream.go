@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/ferrykit/ferry/internal/crc32c"
+	"github.com/ferrykit/ferry/largemessage"
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -119,6 +120,10 @@ func (h *Hole) Stream(w io.Writer) (int64, error) {
 		crc = crc32c.Update(crc, cur[:k])
 		end := err == io.EOF || err == io.ErrUnexpectedEOF
 		if err != nil && !end {
+			var re *largemessage.RecordError
+			if errors.As(err, &re) { // it names the record
+				return written, fmt.Errorf("%w: %w", ErrStreamedPayload, err)
+			}
 			return written, fmt.Errorf("%w: topic %s partition %d offset %d: %w", ErrStreamedPayload, h.Topic, h.Partition, h.Offset, err)
 		}
 		if n > h.Size || end && n != h.Size {

@@ -964,9 +964,19 @@ func (c *conn) writeParts(f *inflight) bool {
 			break
 		}
 		if _, err := h.Stream(deadlineWriter{c}); err != nil {
-			if errors.Is(err, interceptor.ErrStreamedPayload) || !c.closed() {
-				c.fail("fetch_stream", "a streamed record value failed after its fetch response was committed", err)
+			if !errors.Is(err, interceptor.ErrStreamedPayload) {
+				if !c.closed() {
+					c.fail("client_io", "write to client failed", err)
+				}
+				return false
 			}
+			// The consumer reconnects and fetches the record again: logged
+			// once a minute per partition, counted each time.
+			c.s.m.errors.WithLabelValues("fetch_stream").Inc()
+			if c.s.ic == nil || c.s.ic.shouldLog(h.Topic, h.Partition) {
+				c.log.Warn("a streamed record value failed after its fetch response was committed; closing the connection (logged once per minute)", "topic", h.Topic, "partition", h.Partition, "offset", h.Offset, "err", err)
+			}
+			c.close()
 			return false
 		}
 	}
