@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/faultproxy"
 	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/proxy"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -69,6 +73,8 @@ interceptors:
       side: fetch
       large.message.payload.store.url: %q
       large.message.payload.store.timeout.ms: 900000
+      max.block.ms: 900000
+      max.poll.interval.ms: 900000
 `, b, topic, raw))
 	idle := p.peakRSS(t)
 
@@ -146,7 +152,7 @@ func kcatValueDigest(t *testing.T, kcat, bootstrap, topic string) ([]byte, int64
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, kcat, "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-c", "1", "-e", "-q", "-f", "%s",
-		"-X", "fetch.message.max.bytes=1100000000", "-X", "fetch.max.bytes=1100000000",
+		"-X", "fetch.message.max.bytes=1000000000", "-X", "fetch.max.bytes=1100000000",
 		"-X", "receive.message.max.bytes=1200000000", "-X", "queued.max.messages.kbytes=2097151")
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
@@ -165,4 +171,60 @@ func kcatValueDigest(t *testing.T, kcat, bootstrap, topic string) ([]byte, int64
 		t.Errorf("kcat: %v\n%s", err, tail(errb.Bytes()))
 	}
 	return h.Sum(nil), n
+}
+
+// A store that fails mid-stream (S3 responses cut off after 64 KiB, through
+// internal/faultproxy, more often than a download resumes) closes the
+// consumer's connection before it has a whole batch, and the proxy keeps
+// serving: once the store is back, the same consumer reads the record.
+func TestProxyStreamStoreFailsMidStream(t *testing.T) {
+	b := brokers(t)
+	direct, via, fp := storetest.S3URLViaFaultProxy(t, "ferry-integration")
+	topic := newTopic(t, nil)
+	ctx := context.Background()
+	store, err := payloadstore.Open(ctx, direct, payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	value := make([]byte, 24<<20)
+	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{7}), value); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: topic, Value: value}
+	if _, err := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"}).Offload(ctx, rec, largemessage.DeriveLimits(0, 1<<20, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := client(t).ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(b), Interceptors: []interceptor.Spec{{Name: "large-message",
+		Config: map[string]string{"topic.pattern": topic, "side": "fetch", largemessage.KeyStoreURL: via}}}})
+	fp.SetCutAfter(64 << 10)
+	fp.Set(faultproxy.CutBody, -1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(64<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+	fs := cl.PollFetches(pctx)
+	cancel()
+	if n := len(fs.Records()); n != 0 {
+		t.Fatalf("the consumer got %d records while the store was cutting responses", n)
+	}
+	if fp.Count(faultproxy.CutBody) == 0 {
+		t.Fatal("no download reached the store while it was cutting responses")
+	}
+	fp.Set(faultproxy.Pass, -1)
+	pctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var got []*kgo.Record
+	for len(got) == 0 && pctx.Err() == nil {
+		got = append(got, cl.PollFetches(pctx).Records()...)
+	}
+	if len(got) != 1 || !bytes.Equal(got[0].Value, value) {
+		t.Fatalf("after the store came back: %d records", len(got))
+	}
 }
