@@ -86,7 +86,7 @@ interceptors:
 
 	// franz-go, through the proxy.
 	cl, err := kgo.NewClient(kgo.SeedBrokers(p.bootstrap), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxBytes(1_100_000_000), kgo.FetchMaxPartitionBytes(1_100_000_000), kgo.BrokerMaxReadBytes(1_200_000_000))
+		kgo.FetchMaxBytes(1<<30-1<<20), kgo.FetchMaxPartitionBytes(1<<30-1<<20), kgo.BrokerMaxReadBytes(1<<30))
 	if err != nil {
 		t.Fatal(err)
 	}
