@@ -297,3 +297,37 @@ func TestStreamedDownloadBypassesCache(t *testing.T) {
 		t.Fatalf("a streamed download was cached: %+v", st)
 	}
 }
+
+// A batch passed unchanged before the streamed one (joined through the
+// rewritten batch's headroom) and one after it: the holes' offsets are
+// the set's, and the set is the in-memory one byte for byte.
+func TestStreamedFetchBetweenPassedBatches(t *testing.T) {
+	ctx := context.Background()
+	ch, batch, _, _ := streamSetup(t, 0)
+	before := plainBatch(t, 0, -1, "a", "b")
+	after := plainBatch(t, 0, -1, "c")
+	binaryPutOffset(after, 43)
+	set := append(append(append([]byte{}, before...), batch...), after...)
+	whole := fetchResponse(map[string][]byte{"big": set})
+	o1 := ch.InterceptFetchLimited(ctx, whole, FetchLimits{})
+	defer o1.Release()
+	streamed := fetchResponse(map[string][]byte{"big": set})
+	o2 := ch.InterceptFetchLimited(ctx, streamed, FetchLimits{Stream: true})
+	defer o2.Release()
+	if len(o1.Failed)+len(o2.Failed) > 0 || len(o2.Streamed) != 1 {
+		t.Fatalf("failed %v %v, streamed %d", o1.Failed, o2.Failed, len(o2.Streamed))
+	}
+	got, err := fill(t, streamed.Topics[0].Partitions[0].RecordBatches, o2.Streamed[0].Holes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := whole.Topics[0].Partitions[0].RecordBatches; !bytes.Equal(got, want) {
+		t.Fatalf("streamed set of %d bytes differs from the in-memory one of %d", len(got), len(want))
+	}
+}
+
+func binaryPutOffset(b []byte, off int64) {
+	for i := range 8 {
+		b[i] = byte(off >> (56 - 8*i))
+	}
+}
