@@ -150,4 +150,12 @@ func TestProxyStreamsLargeValues(t *testing.T) {
 	if got := consume(t, s.Addr(), "other", 2, 30*time.Second); len(got) != 2 || !bytes.Equal(got[1].Value, values[1]) {
 		t.Fatalf("after the corrupt stream: %d records", len(got))
 	}
+	// Every stream's buffers and downloads are given back, failed or not.
+	deadline = time.Now().Add(10 * time.Second)
+	for s.mem.InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of proxy.memory.max.bytes still held after the streams", n)
+	}
 }
