@@ -92,6 +92,9 @@ type decodedBatch struct {
 	// bytes, views and decoded structures), given back once the batch is
 	// done.
 	transient int64
+	// holes are the kept records whose values are streamed (stream.go);
+	// with any, the batch is written by encodeStreamed.
+	holes []holeRec
 	// headroom: encode leaves this many bytes in front of the batch, for
 	// the caller to fill (the record set the batch follows), so a large
 	// batch is never copied to be joined to a small prefix.

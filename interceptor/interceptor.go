@@ -68,6 +68,10 @@ type Record struct {
 
 	deferred []namedDeferred // work to do once the batch is accepted (produce)
 	led      *ledger         // the worker's memory ledger (Reserve)
+	// canStream: on fetch, the value may be left as a hole (stream.go):
+	// no interceptor after this one reads it.
+	canStream bool
+	stream    *valueStream // the value is this stream (Value is empty)
 }
 
 // Deferred is work an interceptor prepared for a record that must wait

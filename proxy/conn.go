@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,8 +56,9 @@ type inflight struct {
 	// (epoch 0), bound to the id its response gives.
 	newSession *fetchSession
 	// parts: the response frame as a vector, when the proxy rewrote it
-	// with large record sets left where they lie (fetchframe.go).
-	parts net.Buffers
+	// with large record sets left where they lie, and streamed values
+	// read from the store as they are written (fetchframe.go).
+	parts *framePlan
 	// frameFree: once written, nothing reads the broker's response frame
 	// any more (it goes back to its pool).
 	frameFree bool
@@ -920,7 +922,7 @@ func (c *conn) answer(f *inflight) bool {
 	var ok bool
 	written := int64(len(out))
 	if out == nil && f.parts != nil {
-		for _, b := range f.parts {
+		for _, b := range f.parts.bufs {
 			written += int64(len(b))
 		}
 		ok = c.writeParts(f)
@@ -952,23 +954,67 @@ func (c *conn) write(f *inflight, out []byte) bool {
 	return true
 }
 
-// writeParts writes f's response frame given as a vector (writev).
+// writeParts writes f's response frame given as a vector (writev), each
+// streamed value read from the store as it is written (Hole.Stream). A
+// streamed value that fails its checks or its store mid-stream closes the
+// connection: the client holds part of a frame that cannot be completed.
 func (c *conn) writeParts(f *inflight) bool {
-	n := int64(0)
-	for _, b := range f.parts {
-		n += int64(len(b))
-	}
-	c.setWriteDeadline()
-	parts := f.parts
+	fp := f.parts
 	f.parts = nil
-	if _, err := parts.WriteTo(c.client); err != nil {
-		if !c.closed() {
-			c.fail("client_io", "write to client failed", err)
+	n := fp.size()
+	from := 0
+	flush := func(to int) error {
+		if to == from {
+			return nil
 		}
-		return false
+		c.setWriteDeadline()
+		bufs := slices.Clone(fp.bufs[from:to]) // WriteTo consumes its slice
+		from = to
+		_, err := bufs.WriteTo(c.client)
+		return err
+	}
+	for i := 0; i <= len(fp.bufs); i++ {
+		h := fp.holes[i]
+		if h == nil && i < len(fp.bufs) {
+			continue
+		}
+		if err := flush(i); err != nil {
+			if !c.closed() {
+				c.fail("client_io", "write to client failed", err)
+			}
+			return false
+		}
+		if h == nil {
+			break
+		}
+		if _, err := h.Stream(deadlineWriter{c}); err != nil {
+			if !errors.Is(err, interceptor.ErrStreamedPayload) {
+				if !c.closed() {
+					c.fail("client_io", "write to client failed", err)
+				}
+				return false
+			}
+			// The consumer reconnects and fetches the record again: logged
+			// once a minute per partition, counted each time.
+			c.s.m.errors.WithLabelValues("fetch_stream").Inc()
+			if c.s.ic == nil || c.s.ic.shouldLog(h.Topic, h.Partition) {
+				c.log.Warn("a streamed record value failed after its fetch response was committed; closing the connection (logged once per minute)", "topic", h.Topic, "partition", h.Partition, "offset", h.Offset, "err", err)
+			}
+			c.close()
+			return false
+		}
 	}
 	c.answered(f, n)
 	return true
+}
+
+// deadlineWriter writes to the client, moving the write deadline as bytes
+// go (a streamed value is written a chunk at a time).
+type deadlineWriter struct{ c *conn }
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	w.c.setWriteDeadline()
+	return w.c.client.Write(p)
 }
 
 // setWriteDeadline: a client that stops reading for connections.max.idle.ms
