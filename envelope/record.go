@@ -59,6 +59,17 @@ func sealRecord(dst []byte, dk dataKey, fill func([]byte) (int, error), plain []
 // wrapped key of wrapped bytes.
 func SealedRecordSize(plain, wrapped int) int { return recordOverhead + wrapped + plain }
 
+// OpenedRecordSize is the size of OpenRecord's output for sealed bytes: the
+// sealed length less its header, nonce and tag (len(sealed) when the
+// header does not parse, which OpenRecord then refuses).
+func OpenedRecordSize(sealed []byte) int {
+	_, n, err := parseFixed(sealed)
+	if err != nil || len(sealed) < recordOverhead+n {
+		return len(sealed)
+	}
+	return len(sealed) - recordOverhead - n
+}
+
 // OpenRecord appends to dst the plaintext of sealed, a SealRecord output
 // bound to a; with room in dst for the plaintext (len(sealed) at most) it
 // allocates nothing once the data key is cached. Errors: ErrNotSealed, ErrFormat, ErrUnknownKey, ErrKMS,

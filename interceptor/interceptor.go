@@ -68,6 +68,8 @@ type Record struct {
 
 	deferred []namedDeferred // work to do once the batch is accepted (produce)
 	led      *ledger         // the worker's memory ledger (Reserve)
+	batch    *decodedBatch   // the batch r was filled from (buffer), nil otherwise
+	index    int             // r's index in batch
 }
 
 // Deferred is work an interceptor prepared for a record that must wait

@@ -14,7 +14,7 @@ import (
 // that reads every field.
 func TestInPlaceUnchangedBatchKeepsItsBytes(t *testing.T) {
 	look := func(_ context.Context, r *Record) error {
-		if len(r.Value) == 0 || r.Offset < 0 || r.Headers != nil {
+		if len(r.Value) == 0 || r.Offset < 0 || len(r.Headers) != 0 {
 			return errTest
 		}
 		return nil
