@@ -211,7 +211,11 @@ func (d *decodedBatch) fill(r *Record, i int, topic string, partition int32, inf
 // given back at done.
 func (d *decodedBatch) alloc(ctx context.Context, l *ledger, i, n int) ([]byte, error) {
 	s := d.sc
+	bound := d.recordsLen + int64(len(d.views))<<10 // what a batch's fields are likely to need, at most
 	if !d.outHeld {
+		if int64(cap(s.out)) > 2*bound+64<<10 {
+			s.out = nil // a larger batch's: not charged to this one
+		}
 		if err := l.charge(ctx, int64(cap(s.out))); err != nil {
 			return nil, err
 		}
@@ -221,8 +225,7 @@ func (d *decodedBatch) alloc(ctx context.Context, l *ledger, i, n int) ([]byte, 
 	if cap(s.out)-len(s.out) < n {
 		done := int64(min(max(i, 0), len(d.views)-1)) + 1 // records up to i
 		rest := (d.outUsed + int64(n)) * (int64(len(d.views)) - done) / done
-		size := int64(n) + min(rest, d.recordsLen+int64(len(d.views))<<10) // an estimate, bounded by the batch's size
-		size = max(size, 4<<10)
+		size := max(int64(n)+min(rest, bound), 4<<10)
 		if err := l.charge(ctx, size); err != nil {
 			return nil, err
 		}
