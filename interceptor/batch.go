@@ -88,8 +88,10 @@ type decodedBatch struct {
 	// pinned: deferred work may hold the views' bytes after the batch is
 	// done, so its scratch is not reused.
 	pinned bool
-	// outHeld: the scratch's out buffer is charged to this batch; outUsed:
-	// the bytes alloc gave out for its records.
+	// outAt is the chunk of the scratch's outs alloc takes from, outHeld
+	// whether it is charged to this batch; outUsed: the bytes alloc gave
+	// out for its records.
+	outAt   int
 	outHeld bool
 	outUsed int64
 	// transient is what decoding charged to the ledger (decompressed

@@ -47,14 +47,23 @@ type scratch struct {
 	hdrs  []Header // the records' headers as read
 	work  []Header // the copies handed to interceptors, with a spare slot each
 	buf   []byte   // decompressed records
-	// out holds the fields interceptors write for the batch's records
-	// (Record.buffer: encrypt's sealed and opened values): out[len(out):]
-	// is free.
-	out []byte
+	// outs hold the fields interceptors write for the batch's records
+	// (Record.buffer: encrypt's sealed and opened values), in chunks
+	// filled in turn: outs[k][len(outs[k]):] is free.
+	outs [][]byte
 }
 
 func (s *scratch) size() int64 {
-	return int64(cap(s.views))*viewBytes + int64(cap(s.hdrs)+cap(s.work))*hdrBytes + int64(cap(s.buf)+cap(s.out))
+	return int64(cap(s.views))*viewBytes + int64(cap(s.hdrs)+cap(s.work))*hdrBytes + int64(cap(s.buf)) + s.outsSize()
+}
+
+// outsSize is the capacity of s.outs' chunks.
+func (s *scratch) outsSize() int64 {
+	var n int64
+	for _, c := range s.outs {
+		n += int64(cap(c))
+	}
+	return n
 }
 
 // scanBatch checks raw's magic and CRC and reads its records in place
@@ -162,7 +171,9 @@ func scanBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, error
 	if cap(d.sc.work) < len(hdrs)+n {
 		d.sc.work = make([]Header, len(hdrs)+n)
 	}
-	d.sc.out = d.sc.out[:0]
+	for k := range d.sc.outs {
+		d.sc.outs[k] = d.sc.outs[k][:0]
+	}
 	if len(src) != 0 {
 		return d.fail(l, held, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords))
 	}
@@ -202,40 +213,46 @@ func (d *decodedBatch) fill(r *Record, i int, topic string, partition int32, inf
 
 // alloc returns n bytes that live as long as the batch, for a field an
 // interceptor writes into record i (Record.buffer): carved from the
-// scratch's out buffer, reused from batch to batch, whose capacity is
-// charged to l when the batch first uses it. When it runs out, a new one
-// takes its place, sized for the rest of the batch as its records so far
-// suggest (records alike: one buffer per batch, charged about what they
-// use); the old one stays with the records that hold its bytes, charged
-// until the batch is done. The charges are the batch's transient ones,
-// given back at done.
+// scratch's chunks in turn, reused from batch to batch, each charged to l
+// when the batch first takes from it. When they run out, a new chunk is
+// added, sized for the rest of the batch as its records so far suggest
+// (records alike: the chunks fit the next such batch, which allocates
+// nothing). The charges are the batch's transient ones, given back at
+// done.
 func (d *decodedBatch) alloc(ctx context.Context, l *ledger, i, n int) ([]byte, error) {
 	s := d.sc
 	bound := d.recordsLen + int64(len(d.views))<<10 // what a batch's fields are likely to need, at most
-	if !d.outHeld {
-		if int64(cap(s.out)) > 2*bound+64<<10 {
-			s.out = nil // a larger batch's: not charged to this one
-		}
-		if err := l.charge(ctx, int64(cap(s.out))); err != nil {
-			return nil, err
-		}
-		d.transient += int64(cap(s.out))
-		d.outHeld = true
+	if d.outAt == 0 && !d.outHeld && s.outsSize() > 2*bound+64<<10 {
+		s.outs = s.outs[:0] // a larger batch's: not charged to this one
 	}
-	if cap(s.out)-len(s.out) < n {
-		done := int64(min(max(i, 0), len(d.views)-1)) + 1 // records up to i
-		rest := (d.outUsed + int64(n)) * (int64(len(d.views)) - done) / done
-		size := max(int64(n)+min(rest, bound), 4<<10)
-		if err := l.charge(ctx, size); err != nil {
-			return nil, err
+	for ; d.outAt < len(s.outs); d.outAt, d.outHeld = d.outAt+1, false {
+		c := s.outs[d.outAt]
+		if cap(c)-len(c) < n {
+			continue
 		}
-		d.transient += size
-		s.out = make([]byte, 0, size)
+		if !d.outHeld {
+			if err := l.charge(ctx, int64(cap(c))); err != nil {
+				return nil, err
+			}
+			d.transient += int64(cap(c))
+			d.outHeld = true
+		}
+		s.outs[d.outAt] = c[:len(c)+n]
+		d.outUsed += int64(n)
+		return c[len(c) : len(c)+n : len(c)+n], nil
 	}
+	done := int64(min(max(i, 0), len(d.views)-1)) + 1 // records up to i
+	rest := (d.outUsed + int64(n)) * (int64(len(d.views)) - done) / done
+	size := max(int64(n)+min(rest, bound), 4<<10)
+	if err := l.charge(ctx, size); err != nil {
+		return nil, err
+	}
+	d.transient += size
+	c := make([]byte, n, size)
+	s.outs = append(s.outs, c)
+	d.outAt, d.outHeld = len(s.outs)-1, true
 	d.outUsed += int64(n)
-	at := len(s.out)
-	s.out = s.out[:at+n]
-	return s.out[at : at+n : at+n], nil
+	return c[:n:n], nil
 }
 
 // buffer returns n bytes for a field the interceptor writes into r (a
