@@ -42,7 +42,8 @@ type Header = kgo.RecordHeader
 // slices; and keep none after the call returns without copying it
 // (the decompressed records' buffer serves the next batch), except in
 // Deferred work, whose batch keeps its buffers. Headers is the record's own
-// copy, which may be changed in place. The chain compares the record after
+// copy, which may be changed in place (in an interceptor call it has
+// room for one more header: appending one allocates nothing). The chain compares the record after
 // the call with what it read: a batch whose records all stay as they came
 // goes out as its bytes, and a field left as it is costs nothing.
 type Record struct {
