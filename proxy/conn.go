@@ -352,7 +352,7 @@ func (c *conn) readRequest() bool {
 		if !c.ensureUpstream() {
 			return false
 		}
-		if err := stream(c.upstream, c.cr, c.client, int64(4+size), c.s.mem); err != nil {
+		if err := stream(c.upstream, c.cr, c.client, int64(4+size)); err != nil {
 			c.forwardError(err)
 			return false
 		}
@@ -585,48 +585,14 @@ func (c *conn) forwardError(err error) {
 	}
 }
 
-// copyMax is the largest frame stream reads whole before writing it: one
-// or two reads and one write, where writing what the reader holds and
-// splicing the rest costs a write and two splices (a 46 KiB Produce request
-// of Kafka's ProducerPerformance: read 32 KiB, write, splice in, splice
-// out). Measured under ProducerPerformance/ConsumerPerformance (strace -c):
-// 6 % fewer system calls in all, no splice left (docs/BENCHMARKS.md). Larger
-// frames are spliced, where the saving is small against the data and a
-// whole frame would hold more of the budget.
-const copyMax = 256 << 10
-
 // stream copies n bytes of a frame from src (whose bufio.Reader is r) to
-// dst. A frame of at most copyMax bytes is read whole, into r's buffer when
-// it fits there, else into a pooled buffer charged to mem (nil: never);
-// without room in mem, or for a larger frame, what r holds is written first
-// and the rest goes straight from the connection, which lets the kernel
-// splice TCP to TCP. A frame that ends early is io.ErrUnexpectedEOF, and
-// nothing of a frame read whole reaches dst.
-func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64, mem *interceptor.Memory) error {
-	if n <= int64(r.Size()) {
-		b, err := r.Peek(int(n))
-		if err != nil {
-			return eofInFrame(err)
-		}
-		if _, err := dst.Write(b); err != nil {
-			return err
-		}
-		_, _ = r.Discard(int(n))
-		return nil
-	}
-	if n <= copyMax && mem != nil {
-		_, charged, _ := poolClass(int(n))
-		if mem.TryTake(int64(charged)) {
-			defer mem.Give(int64(charged))
-			buf := getFrame(int(n))
-			defer putFrame(buf)
-			if _, err := io.ReadFull(r, buf); err != nil {
-				return eofInFrame(err)
-			}
-			_, err := dst.Write(buf)
-			return err
-		}
-	}
+// dst: first what r holds, then straight from the connection, which lets
+// the kernel splice TCP to TCP; a frame that ends early is
+// io.ErrUnexpectedEOF. Reading a frame of up to 256 KiB whole into a pooled
+// buffer and writing it once instead was measured (docs/BENCHMARKS.md, the
+// plain proxy's profile): 6 % fewer system calls, 11 % more CPU per GB
+// produced, so a splice stays.
+func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
 	for n > 0 && r.Buffered() > 0 {
 		b, _ := r.Peek(int(min(int64(r.Buffered()), n)))
 		if _, err := dst.Write(b); err != nil {
@@ -880,7 +846,7 @@ func (c *conn) answer(f *inflight) bool {
 	}
 	if !f.decode {
 		c.setWriteDeadline()
-		if err := stream(c.client, c.ur, c.upstream, int64(4+size), c.s.mem); err != nil {
+		if err := stream(c.client, c.ur, c.upstream, int64(4+size)); err != nil {
 			if !c.closed() {
 				c.fail("client_io", "write to client failed", err)
 			}
