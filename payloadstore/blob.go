@@ -209,6 +209,21 @@ func (s *BlobStore) Root() Root { return s.root }
 // against it), so an object without it is read like any other.
 func (s *BlobStore) onePass(p Payload) bool { return p.ReadOnce && (p.ID != "" || randomIDs(s.gen)) }
 
+// MaxStreamUploadBuffer bounds the part buffers of a ReadOnce upload (a
+// value streamed from a proxy client, fed at the client's pace, where
+// large parts and many in flight gain nothing): such an upload uses parts
+// of S3's smallest size (5 MiB), at most MaxStreamUploadBuffer / 5 MiB of
+// them in flight (2), below large.message.payload.store.upload.concurrency.
+// (The S3 uploader holds one more part being filled, and reads the first
+// 16 MiB whole to choose between one PUT and a multipart upload.)
+const MaxStreamUploadBuffer = 10 << 20
+
+// streamUploadParts returns the part size and parts in flight of a
+// ReadOnce upload (MaxStreamUploadBuffer).
+func streamUploadParts(concurrency int) (partSize, inFlight int) {
+	return minPartSizeBytes, max(1, min(concurrency, MaxStreamUploadBuffer/minPartSizeBytes))
+}
+
 func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
 	var err error
 	if !s.onePass(p) {
@@ -233,9 +248,13 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	if !p.Unhashed {
 		meta = map[string]string{"ferry-sha256": p.HexSHA256()}
 	}
+	partSize, concurrency := s.partSize, s.concurrency
+	if p.ReadOnce {
+		partSize, concurrency = streamUploadParts(s.concurrency)
+	}
 	w, err := s.bucket.NewWriter(wctx, key, &blob.WriterOptions{
-		BufferSize:     s.partSize,
-		MaxConcurrency: s.concurrency,
+		BufferSize:     partSize,
+		MaxConcurrency: concurrency,
 		ContentType:    "application/octet-stream",
 		Metadata:       meta,
 	})
