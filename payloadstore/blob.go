@@ -218,6 +218,13 @@ func (s *BlobStore) onePass(p Payload) bool { return p.ReadOnce && (p.ID != "" |
 // 16 MiB whole to choose between one PUT and a multipart upload.)
 const MaxStreamUploadBuffer = 10 << 20
 
+// ReadOnceUploadBytes is the most memory one ReadOnce upload holds in
+// any store of this package: the S3 uploader's first read (16 MiB, whole,
+// to choose between one PUT and a multipart upload) and its part buffers
+// (MaxStreamUploadBuffer, plus the part being filled). The proxy charges
+// it to proxy.memory.max.bytes for each value it streams.
+const ReadOnceUploadBytes = 16<<20 + MaxStreamUploadBuffer + minPartSizeBytes
+
 // streamUploadParts returns the part size and parts in flight of a
 // ReadOnce upload (MaxStreamUploadBuffer).
 func streamUploadParts(concurrency int) (partSize, inFlight int) {

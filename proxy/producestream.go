@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kbin"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/payloadstore"
 )
 
 // A Produce request read as it arrives (#19). A record value over
@@ -451,6 +452,12 @@ func recordLen(rl int64, tsLen, offLen int) int64 {
 // connection (and the upload: nothing is left in the store).
 func (b *batchReader) stream(n int64) (*interceptor.StreamedValue, error) {
 	p := b.p
+	// The upload's buffers come from the memory budget: it bounds how
+	// many values stream at once.
+	if err := p.env.mem.TakeUnqueued(p.env.ctx, payloadstore.ReadOnceUploadBytes); err != nil {
+		return nil, err
+	}
+	defer p.env.mem.Give(payloadstore.ReadOnceUploadBytes)
 	body := &socketBody{deadline: p.env.deadline, r: io.LimitReader(p.r, n), crc: p.crc, stall: b.vs.StallTimeout()}
 	defer body.done()
 	sv, err := b.vs.StreamValue(p.env.ctx, b.topic, body, n)
