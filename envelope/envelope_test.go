@@ -209,6 +209,44 @@ func TestRecordSealOpen(t *testing.T) {
 	}
 }
 
+// Sealing into a buffer with room, and opening likewise, allocate nothing
+// once the topic's data key is made and cached (the proxy seals every record
+// of a batch into one pooled buffer), and the buffer's bytes before the
+// output are left as they were.
+func TestRecordSealOpenInPlace(t *testing.T) {
+	k := openTest(t, Config{KeyURL: testKeyURL(t)})
+	ctx := context.Background()
+	a := RecordAAD{Topic: "t", Field: "header:email"}
+	plain := make([]byte, 1024)
+	rand.Read(plain)
+	first, err := k.SealRecord(ctx, nil, plain, a) // makes the data key
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := len(first)
+	buf := make([]byte, 3, 3+size)
+	copy(buf, "abc")
+	opened := make([]byte, 0, size)
+	var sealed []byte
+	allocs := testing.AllocsPerRun(100, func() {
+		if sealed, err = k.SealRecord(ctx, buf, plain, a); err != nil {
+			t.Fatal(err)
+		}
+		if opened, err = k.OpenRecord(ctx, opened[:0], sealed[3:], a); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("seal and open allocate %.1f times, want 0", allocs)
+	}
+	if &sealed[0] != &buf[0] || string(sealed[:3]) != "abc" || len(sealed) != 3+size || !bytes.Equal(opened, plain) {
+		t.Errorf("sealed into %p (buffer %p), %q..., %d bytes (want %d); opened equal: %v", &sealed[0], &buf[0], sealed[:3], len(sealed), 3+size, bytes.Equal(opened, plain))
+	}
+	if bytes.Equal(sealed[3:], first) {
+		t.Error("two seals of the same plaintext are equal: the nonce is not fresh")
+	}
+}
+
 // The data key is reused within its bounds (no KMS call per record) and
 // replaced when its count or age runs out.
 func TestDataKeyReuse(t *testing.T) {

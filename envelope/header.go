@@ -109,7 +109,11 @@ func aad(label string, h []byte, fields ...string) []byte {
 	for _, f := range fields {
 		n += 4 + len(f)
 	}
-	b := make([]byte, 0, n)
+	return appendAAD(make([]byte, 0, n), label, h, fields...)
+}
+
+// appendAAD appends aad's bytes to b.
+func appendAAD(b []byte, label string, h []byte, fields ...string) []byte {
 	b = append(b, label...)
 	b = append(b, 0)
 	for _, f := range fields {

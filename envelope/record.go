@@ -6,6 +6,7 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"fmt"
+	"sync"
 )
 
 // RecordAAD binds a sealed record value or header value to its topic and to
@@ -23,35 +24,55 @@ const recordOverhead = fixedHeaderBytes + 12 + 16
 // SealRecord appends to dst the sealed form of plain (docs/FORMAT.md §9.3):
 // the header with the scope's data key (scope is the topic; a KMS call
 // only when a new data key is due), a random 12-byte nonce, and the
-// AES-256-GCM ciphertext with its tag. Errors wrap ErrKMS or ErrDecryptOnly.
+// AES-256-GCM ciphertext with its tag. With room in dst for
+// SealedRecordSize bytes it allocates nothing: the nonce is drawn into dst
+// and the associated data built in a pooled buffer. Errors wrap ErrKMS or
+// ErrDecryptOnly.
 func (k *Keyring) SealRecord(ctx context.Context, dst, plain []byte, a RecordAAD) ([]byte, error) {
 	dk, err := k.sealKey(ctx, a.Topic)
 	if err != nil {
 		return nil, err
 	}
-	var nonce [12]byte
-	if _, err := rand.Read(nonce[:]); err != nil {
-		return nil, err
-	}
-	return sealRecord(dst, dk, nonce[:], plain, a), nil
+	return sealRecord(dst, dk, rand.Read, plain, a)
 }
 
-// sealRecord is SealRecord with the data key and nonce given.
-func sealRecord(dst []byte, dk dataKey, nonce, plain []byte, a RecordAAD) []byte {
+// sealRecord is SealRecord with the data key given and the nonce written
+// into its place by fill (rand.Read; the format test's fixed nonce).
+func sealRecord(dst []byte, dk dataKey, fill func([]byte) (int, error), plain []byte, a RecordAAD) ([]byte, error) {
 	h := header{alg: AlgAES256GCM, kek: dk.kek, wrapped: dk.wrapped}
 	start := len(dst)
 	dst = h.appendTo(dst)
-	hb := dst[start:]
-	dst = append(dst, nonce...)
-	return dk.gcm.Seal(dst, nonce, plain, aad(recordLabel, hb, a.Topic, a.Field))
+	hl := len(dst)
+	dst = append(dst, make([]byte, 12)...) // no allocation: append's idiom for n zero bytes
+	nonce := dst[hl:]
+	if _, err := fill(nonce); err != nil {
+		return nil, err
+	}
+	ad := aadPool.Get().(*[]byte)
+	*ad = appendAAD((*ad)[:0], recordLabel, dst[start:hl], a.Topic, a.Field)
+	dst = dk.gcm.Seal(dst, nonce, plain, *ad)
+	putAAD(ad)
+	return dst, nil
 }
 
 // SealedRecordSize is the size of SealRecord's output for plain bytes and a
 // wrapped key of wrapped bytes.
 func SealedRecordSize(plain, wrapped int) int { return recordOverhead + wrapped + plain }
 
+// OpenedRecordSize is the size of OpenRecord's output for sealed bytes: the
+// sealed length less its header, nonce and tag (len(sealed) when the
+// header does not parse, which OpenRecord then refuses).
+func OpenedRecordSize(sealed []byte) int {
+	_, n, err := parseFixed(sealed)
+	if err != nil || len(sealed) < recordOverhead+n {
+		return len(sealed)
+	}
+	return len(sealed) - recordOverhead - n
+}
+
 // OpenRecord appends to dst the plaintext of sealed, a SealRecord output
-// bound to a. Errors: ErrNotSealed, ErrFormat, ErrUnknownKey, ErrKMS,
+// bound to a; with room in dst for the plaintext (len(sealed) at most) it
+// allocates nothing once the data key is cached. Errors: ErrNotSealed, ErrFormat, ErrUnknownKey, ErrKMS,
 // ErrAuthentication.
 func (k *Keyring) OpenRecord(ctx context.Context, dst, sealed []byte, a RecordAAD) ([]byte, error) {
 	h, n, err := parseFixed(sealed)
@@ -72,11 +93,27 @@ func (k *Keyring) OpenRecord(ctx context.Context, dst, sealed []byte, a RecordAA
 	gcm := o.gcm
 	hb := sealed[:fixedHeaderBytes+n]
 	nonce := sealed[len(hb) : len(hb)+12]
-	out, err := gcm.Open(dst, nonce, sealed[len(hb)+12:], aad(recordLabel, hb, a.Topic, a.Field))
+	ad := aadPool.Get().(*[]byte)
+	*ad = appendAAD((*ad)[:0], recordLabel, hb, a.Topic, a.Field)
+	out, err := gcm.Open(dst, nonce, sealed[len(hb)+12:], *ad)
+	putAAD(ad)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrAuthentication, err)
 	}
 	return out, nil
+}
+
+// aadPool holds the buffers a record's associated data is built in: the
+// AEAD interface makes any buffer passed to it escape, so one made per
+// record would be an allocation per record.
+var aadPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// putAAD gives a buffer back to aadPool, unless a long topic or header
+// name grew it past what is worth keeping.
+func putAAD(b *[]byte) {
+	if cap(*b) <= 4<<10 {
+		aadPool.Put(b)
+	}
 }
 
 func newGCM(key []byte) (cipher.AEAD, error) {

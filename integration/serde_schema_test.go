@@ -233,7 +233,8 @@ func TestSerdeProtobufAndJSONSchema(t *testing.T) {
 		prod, cons := schemaChain(t, "json-schema,large-message", "large-message,json-schema", nil)
 		topic := newTopic(t, nil)
 		id := register(t, topic+"-value", ordersJSON, sr.TypeJSON)
-		v := map[string]any{"id": 5.0, "item": "json"}
+		// 2^53+1: a float64 would read it back as 2^53.
+		v := map[string]any{"id": json.Number("9007199254740993"), "item": "json"}
 		if _, err := prod.ProduceValue(ctxT(t, time.Minute), topic, nil, v); err != nil {
 			t.Fatal(err)
 		}
@@ -345,5 +346,26 @@ func TestCLISchemaRegistryAvro(t *testing.T) {
 	}
 	if end := endOffset(t, topic); end != 2 {
 		t.Fatalf("the topic holds %d records after the refused input, want 2", end)
+	}
+
+	// avro alone, no store: a small input goes inline; one over the
+	// threshold is refused before it is sent, naming the stage that
+	// would offload it (it is not offloaded behind the chain's back, and
+	// no store is asked for).
+	code, out, errs = runCLI(t, "produce", "--brokers", b, "--topic", topic, sreg, "-Xvalue.serializers=avro",
+		"-X"+largemessage.KeyThreshold+"=65536", files[0])
+	if code != 0 || strings.Contains(out, "offloaded") {
+		t.Fatalf("a small input through avro alone: exit %d: %s %s", code, out, errs)
+	}
+	code, _, errs = runCLI(t, "produce", "--brokers", b, "--topic", topic, sreg, "-Xvalue.serializers=avro",
+		"-X"+largemessage.KeyThreshold+"=65536", files[1])
+	if code == 0 || !strings.Contains(errs, "value.serializers=avro,large-message") || strings.Contains(errs, "store") {
+		t.Fatalf("a 200 KiB input through avro alone: exit %d: %s", code, errs)
+	}
+	if end := endOffset(t, topic); end != 3 {
+		t.Fatalf("the topic holds %d records, want 3", end)
+	}
+	if raw := consumeRaw(t, topic, 3); largemessage.IsOffloaded(raw[2]) || !bytes.Equal(raw[2].Value, raw[0].Value) {
+		t.Fatal("the small input through avro alone is not the inline bytes avro,large-message wrote")
 	}
 }

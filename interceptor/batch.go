@@ -88,10 +88,19 @@ type decodedBatch struct {
 	// pinned: deferred work may hold the views' bytes after the batch is
 	// done, so its scratch is not reused.
 	pinned bool
+	// outAt is the chunk of the scratch's outs alloc takes from, outHeld
+	// whether it is charged to this batch; outUsed: the bytes alloc gave
+	// out for its records.
+	outAt   int
+	outHeld bool
+	outUsed int64
 	// transient is what decoding charged to the ledger (decompressed
 	// bytes, views and decoded structures), given back once the batch is
 	// done.
 	transient int64
+	// holes are the kept records whose values are streamed (stream.go);
+	// with any, the batch is written by encodeStreamed.
+	holes []holeRec
 	// headroom: encode leaves this many bytes in front of the batch, for
 	// the caller to fill (the record set the batch follows), so a large
 	// batch is never copied to be joined to a small prefix.
@@ -233,13 +242,14 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 		recs = buf[room+batchHeaderLen:]
 	}
 	h := d.hdr
-	h.Records = recs
+	h.Records = nil // already in place after the header: not copied onto themselves
 	h.NumRecords = int32(len(d.recs))
 	h.Length = int32(batchHeaderLen - lengthOffset - 4 + len(recs))
 	h.CRC = 0
-	// The header is written over the room left for it; the records, at
-	// the same place, are "appended" onto themselves.
-	out := h.AppendTo(buf[room:room])
+	// The header (batchHeaderLen bytes) is written over the room left
+	// for it.
+	h.AppendTo(buf[room:room])
+	out := buf[room : room+batchHeaderLen+len(recs)]
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
 	return buf[:room+len(out)], nil
 }

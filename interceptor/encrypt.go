@@ -212,88 +212,92 @@ func (e *Encrypt) sealedSize(plain int) int {
 
 // ProcessRecord seals r's value (unless null) and the values of the
 // configured headers (unless null) with the topic's data key, and appends
-// the HeaderEncrypted marker listing them. The memory of the sealed bytes
-// is charged to the chain's budget (Record.Reserve) before they are made.
-// A record that already carries the marker is refused (INVALID_RECORD): a
-// marker only the proxy sets can be trusted on fetch. A KMS failure (a new
-// data key is due: at most every encrypt.data.key.max.uses records or
+// the HeaderEncrypted marker listing them. Each field is sealed straight
+// into the batch's pooled buffer (Record.buffer), charged to the chain's
+// budget before it is written: no allocation per record. A record that
+// already carries the marker is refused (INVALID_RECORD): a marker only the
+// proxy sets can be trusted on fetch. A KMS failure (a new data key is due:
+// at most every encrypt.data.key.max.uses records or
 // encrypt.data.key.max.age.ms per topic) is KAFKA_STORAGE_ERROR.
 func (e *Encrypt) ProcessRecord(ctx context.Context, r *Record) error {
-	sealHeaders, need := 0, 0
+	sealHeaders := 0
 	for _, h := range r.Headers {
 		if h.Key == HeaderEncrypted {
 			return fmt.Errorf("%w: the record carries the header %s, which only the proxy's encrypt interceptor sets (a record read from the broker directly and produced again is still sealed)", kerr.InvalidRecord, HeaderEncrypted)
 		}
 		if h.Value != nil && len(e.headers) > 0 && e.sealsHeader(h.Key) {
 			sealHeaders++
-			need += e.sealedSize(len(h.Value))
 		}
 	}
 	if r.Value == nil && sealHeaders == 0 {
 		return nil // a tombstone, nothing to seal: no marker either
 	}
-	if r.Value != nil {
-		need += e.sealedSize(len(r.Value))
-	}
-	if err := r.Reserve(ctx, int64(need)); err != nil {
-		return err
-	}
-	made := 0
 	seal := func(plain []byte, field string) ([]byte, error) {
-		out, err := e.kr.SealRecord(ctx, make([]byte, 0, e.sealedSize(len(plain))), plain, envelope.RecordAAD{Topic: r.Topic, Field: field})
+		buf, err := r.buffer(ctx, e.sealedSize(len(plain)))
+		if err != nil {
+			return nil, err
+		}
+		out, err := e.kr.SealRecord(ctx, buf[:0], plain, envelope.RecordAAD{Topic: r.Topic, Field: field})
 		if err != nil {
 			if errors.Is(err, envelope.ErrKMS) {
 				return nil, fmt.Errorf("%w: %w", kerr.KafkaStorageError, err)
 			}
 			return nil, err
 		}
-		made += len(out)
 		if w := int64(len(out) - envelope.SealedRecordSize(len(plain), 0)); w != e.wrapped.Load() {
 			e.wrapped.Store(w)
 		}
+		if len(out) > len(buf) {
+			// The topic's first wrapped key, longer than guessed: sealed
+			// into a slice of its own, charged now.
+			if err := r.Reserve(ctx, int64(len(out))); err != nil {
+				return nil, err
+			}
+		}
 		return out, nil
 	}
-	marker := markerValue
-	var value []byte
-	if r.Value != nil {
+	value := r.Value
+	if value != nil {
 		var err error
-		if value, err = seal(r.Value, encryptFieldValue); err != nil {
+		if value, err = seal(value, encryptFieldValue); err != nil {
 			return err
 		}
 	}
-	// A new headers slice: the record's may share its array.
-	hs := make([]Header, 0, len(r.Headers)+1)
+	marker := markerValue
 	if sealHeaders > 0 {
-		marker = nil
+		// The headers' values are sealed in place (r.Headers is the
+		// record's own copy); the marker is built on the stack and
+		// copied once into the batch's buffer.
+		var mb [128]byte
+		m := mb[:0]
 		if r.Value != nil {
-			marker = append(marker, encryptFieldValue...)
+			m = append(m, encryptFieldValue...)
 		}
-		for _, h := range r.Headers {
-			if h.Value != nil && e.sealsHeader(h.Key) {
-				sealed, err := seal(h.Value, encryptFieldHeader+h.Key)
-				if err != nil {
-					return err
-				}
-				if !markerLists(marker, h.Key) {
-					if len(marker) > 0 {
-						marker = append(marker, ',')
-					}
-					marker = append(append(marker, encryptFieldHeader...), h.Key...)
-				}
-				h.Value = sealed
+		for i := range r.Headers {
+			h := &r.Headers[i]
+			if h.Value == nil || !e.sealsHeader(h.Key) {
+				continue
 			}
-			hs = append(hs, h)
+			sealed, err := seal(h.Value, encryptFieldHeader+h.Key)
+			if err != nil {
+				return err
+			}
+			h.Value = sealed
+			if !markerLists(m, h.Key) {
+				if len(m) > 0 {
+					m = append(m, ',')
+				}
+				m = append(append(m, encryptFieldHeader...), h.Key...)
+			}
 		}
-	} else {
-		hs = append(hs, r.Headers...)
-	}
-	// The first wrapped key of a topic may be longer than guessed.
-	if made > need {
-		if err := r.Reserve(ctx, int64(made-need)); err != nil {
+		buf, err := r.buffer(ctx, len(m))
+		if err != nil {
 			return err
 		}
+		marker = buf[:copy(buf, m)]
 	}
-	r.Value, r.Headers = value, append(hs, Header{Key: HeaderEncrypted, Value: marker})
+	// Appended into the copy's spare slot when r was read in place.
+	r.Value, r.Headers = value, append(r.Headers, Header{Key: HeaderEncrypted, Value: marker})
 	return nil
 }
 
@@ -315,9 +319,10 @@ func (f encryptFetch) TopicPattern() *regexp.Regexp { return f.e.pattern }
 
 // ProcessRecord opens the fields r's HeaderEncrypted marker names and
 // removes the marker; a record without it passes unchanged (it was not
-// sealed by the proxy, or sealed nothing). The plaintext's memory (at most
-// the sealed bytes) is charged to the chain's budget first. Every field is
-// opened before r is changed: a record that fails is never half-opened.
+// sealed by the proxy, or sealed nothing). Each field is opened straight
+// into the batch's pooled buffer (Record.buffer), charged to the chain's
+// budget before it is written. Every field is opened before r is changed:
+// a record that fails is never half-opened.
 // Errors are *DecryptError naming the topic, partition, offset and field.
 func (f encryptFetch) ProcessRecord(ctx context.Context, r *Record) error {
 	at := -1
@@ -338,7 +343,6 @@ func (f encryptFetch) ProcessRecord(ctx context.Context, r *Record) error {
 	if len(marker) == 0 {
 		return f.fail(r, HeaderEncrypted, fmt.Errorf("%w: an empty %s header", envelope.ErrFormat, HeaderEncrypted))
 	}
-	need := 0
 	for field := range bytes.SplitSeq(marker, []byte{','}) {
 		switch {
 		case string(field) == encryptFieldValue && !value:
@@ -346,7 +350,6 @@ func (f encryptFetch) ProcessRecord(ctx context.Context, r *Record) error {
 				return f.fail(r, encryptFieldValue, fmt.Errorf("%w: the marker names the value, which is null", envelope.ErrFormat))
 			}
 			value = true
-			need += len(r.Value)
 		case bytes.HasPrefix(field, []byte(encryptFieldHeader)) && len(field) > len(encryptFieldHeader):
 			name := string(field[len(encryptFieldHeader):])
 			if slices.Contains(names, name) {
@@ -357,7 +360,6 @@ func (f encryptFetch) ProcessRecord(ctx context.Context, r *Record) error {
 			for i, h := range r.Headers {
 				if i != at && h.Key == name && h.Value != nil {
 					n++
-					need += len(h.Value)
 				}
 			}
 			if n == 0 {
@@ -367,29 +369,46 @@ func (f encryptFetch) ProcessRecord(ctx context.Context, r *Record) error {
 			return f.fail(r, HeaderEncrypted, fmt.Errorf("%w: %s=%q names a field twice or not a field (value, header:<name>)", envelope.ErrFormat, HeaderEncrypted, marker))
 		}
 	}
-	if err := r.Reserve(ctx, int64(need)); err != nil {
-		return err
+	// Every field is opened into the batch's buffer before r is changed:
+	// a record that fails is left as it came. opened holds the headers'
+	// plaintexts, in header order (on the stack for up to four).
+	open := func(sealed []byte, field string) ([]byte, error) {
+		buf, err := r.buffer(ctx, envelope.OpenedRecordSize(sealed))
+		if err != nil {
+			return nil, err
+		}
+		plain, err := f.e.kr.OpenRecord(ctx, buf[:0], sealed, envelope.RecordAAD{Topic: r.Topic, Field: field})
+		if err != nil {
+			return nil, f.fail(r, field, err)
+		}
+		return notNull(plain), nil
 	}
 	out := r.Value
 	if value {
 		var err error
-		if out, err = f.e.kr.OpenRecord(ctx, nil, r.Value, envelope.RecordAAD{Topic: r.Topic, Field: encryptFieldValue}); err != nil {
-			return f.fail(r, encryptFieldValue, err)
+		if out, err = open(r.Value, encryptFieldValue); err != nil {
+			return err
 		}
-		out = notNull(out)
 	}
-	hs := make([]Header, 0, len(r.Headers)-1)
+	var small [4][]byte
+	opened := small[:0]
+	for i, h := range r.Headers {
+		if i != at && h.Value != nil && slices.Contains(names, h.Key) {
+			plain, err := open(h.Value, encryptFieldHeader+h.Key)
+			if err != nil {
+				return err
+			}
+			opened = append(opened, plain)
+		}
+	}
+	// The marker removed and the opened values set, in place.
+	hs, k := r.Headers[:0], 0
 	for i, h := range r.Headers {
 		if i == at {
 			continue
 		}
 		if h.Value != nil && slices.Contains(names, h.Key) {
-			field := encryptFieldHeader + h.Key
-			plain, err := f.e.kr.OpenRecord(ctx, nil, h.Value, envelope.RecordAAD{Topic: r.Topic, Field: field})
-			if err != nil {
-				return f.fail(r, field, err)
-			}
-			h.Value = notNull(plain)
+			h.Value, k = opened[k], k+1
 		}
 		hs = append(hs, h)
 	}

@@ -692,6 +692,48 @@ func TestEncryptChargesMemory(t *testing.T) {
 	}
 }
 
+// Issue 19: encrypt seals each value into the batch's pooled buffer and
+// opens it likewise, so a batch of 1000 records allocates about as often as
+// a batch of 100 (per batch: the output, the records to encode), not once
+// or more per record; and what it charged is given back.
+func TestEncryptAllocatesPerBatch(t *testing.T) {
+	in := encrypter(t, map[string]string{KeyEncryptKeyURL: encKeyURL(t), KeyEncryptHeaders: "email"})
+	mem := NewMemory(256 << 20)
+	ch := NewChain([]Instance{in}, Options{Memory: mem})
+	allocs := func(n int) (produce, fetch float64) {
+		vals := benchJSONValues(n, 1024)
+		batch := plainBatch(t, 0, -1, vals...)
+		sealed := sealValues(t, in, vals...)
+		if got, fo := openValues(t, ch, sealed); len(fo.Failed) != 0 || len(got) != n || got[n-1] != vals[n-1] {
+			t.Fatalf("%d records: failed %+v, %d values", n, fo.Failed, len(got))
+		}
+		produce = testing.AllocsPerRun(20, func() {
+			out := ch.InterceptProduce(context.Background(), buildRequest(t, map[string][]byte{"sec": batch}), allTopics(16<<20))
+			if len(out.Answered) != 0 {
+				t.Fatalf("answered %+v", out.Answered)
+			}
+			out.Release()
+		})
+		fetch = testing.AllocsPerRun(20, func() {
+			out := ch.InterceptFetch(context.Background(), fetchResponse(map[string][]byte{"sec": sealed}))
+			if len(out.Failed) != 0 {
+				t.Fatalf("failed %+v", out.Failed)
+			}
+			out.Release()
+		})
+		return produce, fetch
+	}
+	p100, f100 := allocs(100)
+	p1000, f1000 := allocs(1000)
+	t.Logf("allocations per batch: produce %.0f (100 records), %.0f (1000); fetch %.0f, %.0f", p100, p1000, f100, f1000)
+	if p1000-p100 > 50 || f1000-f100 > 50 {
+		t.Errorf("allocations per batch: produce %.0f for 100 records, %.0f for 1000; fetch %.0f and %.0f: they grow with the records", p100, p1000, f100, f1000)
+	}
+	if mem.InUse() != 0 {
+		t.Errorf("%d bytes still charged", mem.InUse())
+	}
+}
+
 // encrypt.data.key.max.uses bounds the records one data key seals: a new
 // wrapped key (one KMS call) after that many, per topic.
 func TestEncryptDataKeyMaxUses(t *testing.T) {

@@ -38,6 +38,11 @@ type FetchOutcome struct {
 	// Truncated counts the partitions whose trailing records were left
 	// out to keep the response within the FetchLimits.
 	Truncated int
+	// Streamed are the partitions whose record sets hold streamed values
+	// (holes, stream.go): the response must be written with each hole
+	// filled by Hole.Stream, or not at all. Release closes their
+	// downloads.
+	Streamed []StreamedSet
 
 	led *ledger // the rewritten batches' memory, until Release
 }
@@ -65,6 +70,11 @@ type FetchLimits struct {
 	// (the start of a batch the broker sends whole) are left out unread,
 	// as consumers drop them anyway.
 	FetchOffset map[FetchPartition]int64
+	// Stream: the caller writes FetchOutcome.Streamed (the proxy), so
+	// large-message may leave values over large.message.stream.threshold.bytes
+	// as holes to stream (interceptor/stream.go). Otherwise every value is
+	// put back in memory.
+	Stream bool
 }
 
 // FetchLimitsOf reads the limits of a Fetch request.
@@ -143,8 +153,10 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 		name, named := c.topicName(t.Topic, t.TopicID)
 		var ps []proc
 		var sizers []FetchSizer
+		canStream := false
 		if named {
 			ps, sizers = c.fetchProcs(name)
+			canStream = limits.Stream && c.streamable(name)
 		}
 		for pi := range t.Partitions {
 			p := &t.Partitions[pi]
@@ -168,7 +180,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				continue
 			}
 			fp := fetchPart{topic: name, partition: p.Partition, set: p.RecordBatches, aborted: slices.Clone(p.AbortedTransactions),
-				limit: limitFor(t, p.Partition), firstOK: used == 0, ps: ps, sizers: sizers, from: -1}
+				limit: limitFor(t, p.Partition), firstOK: used == 0, ps: ps, sizers: sizers, from: -1, canStream: canStream}
 			if off, ok := limits.FetchOffset[FetchPartition{t.Topic, t.TopicID, p.Partition}]; ok {
 				fp.from = off
 			}
@@ -199,8 +211,11 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				} else {
 					p.RecordBatches = r.out
 					fr.Partial = true
+					if len(r.holes) > 0 {
+						out.Streamed = append(out.Streamed, StreamedSet{Partition: p, Holes: r.holes})
+					}
 				}
-				used += int64(len(p.RecordBatches))
+				used += int64(len(p.RecordBatches)) + r.holeBytes
 				out.Failed = append(out.Failed, fr)
 				continue
 			}
@@ -210,8 +225,11 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				if r.cut {
 					out.Truncated++
 				}
+				if len(r.holes) > 0 {
+					out.Streamed = append(out.Streamed, StreamedSet{Partition: p, Holes: r.holes})
+				}
 			}
-			used += int64(len(p.RecordBatches))
+			used += int64(len(p.RecordBatches)) + r.holeBytes
 		}
 	}
 	return out
@@ -230,6 +248,8 @@ type fetchPart struct {
 	ps      []proc
 	sizers  []FetchSizer
 	from    int64 // the consumer's fetch offset (-1: unknown)
+	// canStream: large-message may leave large values as holes.
+	canStream bool
 }
 
 // fetchResult is a partition's rewritten record set. On error, out holds
@@ -240,6 +260,10 @@ type fetchResult struct {
 	cut     bool
 	code    int16
 	err     error
+	// holes are the streamed values in out (At relative to out), whose
+	// bytes (holeBytes in all) are not in out.
+	holes     []*Hole
+	holeBytes int64
 }
 
 // fetchPartition rewrites a partition's record set within its limit.
@@ -253,6 +277,13 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 	// then on it is a copy in r.out (copied: true).
 	passed, copied := 0, false
 	emitted := func() int64 {
+		if copied {
+			return int64(len(r.out)) + r.holeBytes
+		}
+		return int64(passed)
+	}
+	// at is where the next batch starts in the output's bytes.
+	at := func() int64 {
 		if copied {
 			return int64(len(r.out))
 		}
@@ -334,8 +365,16 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 		if !copied {
 			headroom = passed
 		}
-		nb, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted, headroom)
+		start := at()
+		nb, holes, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted, headroom)
 		rewritten := len(nb) > 0 && (len(nb) != len(raw) || &nb[0] != &raw[0])
+		for _, h := range holes {
+			// (a batch with holes is always rewritten, and starts at
+			// start in the output, however it is joined below)
+			h.At += start
+			r.holes = append(r.holes, h)
+			r.holeBytes += h.Size
+		}
 		if rewritten && headroom > 0 {
 			copy(nb, fp.set[:passed])
 			r.out, copied = nb, true
@@ -396,7 +435,15 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 // when nothing changed and nil when no record is left (cut, or all before
 // the fetch offset).
 func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetchPart, raw []byte, emitted int64,
-	room func(int64) bool, aborted bool, headroom int) (out []byte, cut bool, err error) {
+	room func(int64) bool, aborted bool, headroom int) (out []byte, holes []*Hole, cut bool, err error) {
+	out, cut, err = c.fetchBatchBytes(ctx, w, led, fp, raw, emitted, room, aborted, headroom, &holes)
+	return out, holes, cut, err
+}
+
+// fetchBatchBytes is fetchBatch; holes receives the batch's streamed
+// values (At relative to the batch's first byte).
+func (c *Chain) fetchBatchBytes(ctx context.Context, w *watch, led *ledger, fp *fetchPart, raw []byte, emitted int64,
+	room func(int64) bool, aborted bool, headroom int, holes *[]*Hole) (out []byte, cut bool, err error) {
 	d, err := scanBatch(ctx, led, raw)
 	if err != nil {
 		var eb *errBatch
@@ -505,6 +552,7 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			r = one
 			d.fill(r, i, fp.topic, fp.partition, info, true, led)
 			r.Aborted = aborted
+			r.canStream = fp.canStream
 			n, known1 = predict(i, r)
 		}
 		// Over the limits already (as sent, plus the growth a FetchSizer
@@ -559,6 +607,9 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			kr = d.record(i)
 			d.setFrom(&kr, r)
 			n = int64(encodedLen(&kr))
+			if r.stream != nil {
+				n = streamedWireLen(&kr, r.stream.size)
+			}
 		}
 		if !known1 && !room(size+n) && !first() {
 			cut = true
@@ -572,6 +623,9 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 			}
 			keep = append(keep, kr)
 			d.from = append(d.from, from)
+			if changed && r.stream != nil {
+				d.holes = append(d.holes, holeRec{rec: len(keep) - 1, s: r.stream})
+			}
 		}
 		nkept++
 		lastDelta = d.views[i].offDelta
@@ -596,7 +650,12 @@ func (c *Chain) fetchBatch(ctx context.Context, w *watch, led *ledger, fp *fetch
 	}
 	before := heldOf(led)
 	d.headroom = headroom
-	enc, err := d.encode(ctx, led)
+	var enc []byte
+	if len(d.holes) > 0 {
+		enc, *holes, err = d.encodeStreamed(ctx, led, fp.topic, fp.partition)
+	} else {
+		enc, err = d.encode(ctx, led)
+	}
 	encoded = heldOf(led) - before
 	if err == nil {
 		err = failed

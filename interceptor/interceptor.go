@@ -42,7 +42,8 @@ type Header = kgo.RecordHeader
 // slices; and keep none after the call returns without copying it
 // (the decompressed records' buffer serves the next batch), except in
 // Deferred work, whose batch keeps its buffers. Headers is the record's own
-// copy, which may be changed in place. The chain compares the record after
+// copy, which may be changed in place (in an interceptor call it has
+// room for one more header: appending one allocates nothing). The chain compares the record after
 // the call with what it read: a batch whose records all stay as they came
 // goes out as its bytes, and a field left as it is costs nothing.
 type Record struct {
@@ -68,6 +69,12 @@ type Record struct {
 
 	deferred []namedDeferred // work to do once the batch is accepted (produce)
 	led      *ledger         // the worker's memory ledger (Reserve)
+	// canStream: on fetch, the value may be left as a hole (stream.go):
+	// no interceptor after this one reads it.
+	canStream bool
+	stream    *valueStream  // the value is this stream (Value is empty)
+	batch     *decodedBatch // the batch r was filled from (buffer), nil otherwise
+	index     int           // r's index in batch
 }
 
 // Deferred is work an interceptor prepared for a record that must wait

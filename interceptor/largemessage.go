@@ -390,6 +390,10 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) (err error) {
 		return nil // an aborted record is dropped by consumers: not resolved
 	}
 	kr := toKgo(r)
+	kr.Offset = r.Offset
+	if streamed, err := f.stream(ctx, r, &kr); streamed || err != nil {
+		return err
+	}
 	n, ok := largemessage.ResolvedGrowth(&kr)
 	if !ok {
 		// A reference without size headers (a KIP-only producer): the
@@ -424,4 +428,94 @@ func (f fetchSide) ProcessRecord(ctx context.Context, r *Record) (err error) {
 	}
 	r.Key, r.Value, r.Headers = kr.Key, kr.Value, kr.Headers
 	return nil
+}
+
+// stream leaves r's value as a hole (stream.go) when it may: the chain
+// allows it (r.canStream), the value's payload is larger than
+// large.message.stream.threshold.bytes and its record carries the size,
+// SHA-256 and CRC-32C headers. The download is opened here, so that a
+// missing object or a store outage fails the partition (or, with
+// large.message.skip.not.found.error, gives a null value) before the
+// response is committed; its bytes are read only as the proxy writes them.
+// A referenced key is resolved in memory first (keys are never streamed).
+// streamed false (and no error): r takes the in-memory path.
+func (f fetchSide) stream(ctx context.Context, r *Record, kr *kgo.Record) (streamed bool, err error) {
+	if !r.canStream || f.l.stream <= 0 || !largemessage.IsOffloaded(kr) {
+		return false, nil
+	}
+	crc, ok := largemessage.PayloadCRC32C(kr)
+	if !ok {
+		return false, nil
+	}
+	vr := kgo.Record{Topic: kr.Topic, Partition: kr.Partition, Offset: kr.Offset, Value: kr.Value, Headers: kr.Headers}
+	size, ok := largemessage.ResolvedGrowth(&kgo.Record{Value: vr.Value, Headers: valueHeaders(vr.Headers)})
+	size += int64(len(vr.Value)) // the growth less the reference: the payload's size
+	if !ok || size <= f.l.stream || size > maxStreamSize {
+		return false, nil
+	}
+	if largemessage.IsKeyOffloaded(kr) {
+		kn, ok := largemessage.ResolvedGrowth(&kgo.Record{Key: kr.Key, Headers: keyHeaders(kr.Headers)})
+		if !ok {
+			return false, nil
+		}
+		if err := r.Reserve(ctx, kn+int64(len(kr.Key))); err != nil {
+			return false, err
+		}
+		if err := f.l.de.ResolveKey(ctx, kr); err != nil {
+			var re *largemessage.RecordError
+			if !(errors.As(err, &re) && re.Skipped) {
+				return false, err
+			}
+		}
+		vr.Headers = kr.Headers
+	}
+	// The download outlives this call (the proxy reads it while writing
+	// the response): its context is ended by the stream's Close.
+	dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	dctx = payloadstore.WithStreaming(dctx, StreamReadAhead)
+	rc, got, err := f.l.de.OpenValue(dctx, &vr)
+	if err != nil {
+		stop()
+		var re *largemessage.RecordError
+		if errors.As(err, &re) && re.Skipped {
+			// large.message.skip.not.found.error: a null value, as
+			// Resolve gives.
+			r.Key, r.Value, r.Headers = kr.Key, nil, largemessage.WithoutValueHeaders(kr.Headers)
+			return true, nil
+		}
+		return false, err
+	}
+	if got != size {
+		rc.Close()
+		stop()
+		return false, nil
+	}
+	s := &valueStream{rc: rc, size: size, crc: crc, stop: stop}
+	r.led.addCloser(s)
+	f.l.m.Delivered(r.Topic, size+int64(len(kr.Key)))
+	r.Key, r.Value, r.Headers = kr.Key, []byte{}, largemessage.WithoutValueHeaders(kr.Headers)
+	r.stream = s
+	return true, nil
+}
+
+// valueHeaders and keyHeaders keep the headers of one side only, so that
+// ResolvedGrowth measures that side alone.
+func valueHeaders(hs []kgo.RecordHeader) []kgo.RecordHeader {
+	return sideOnly(hs, largemessage.HeaderLargeMessage, largemessage.HeaderPayloadSize, largemessage.HeaderPayloadSHA256)
+}
+
+func keyHeaders(hs []kgo.RecordHeader) []kgo.RecordHeader {
+	return sideOnly(hs, largemessage.HeaderLargeMessageKey, largemessage.HeaderKeyPayloadSize, largemessage.HeaderKeyPayloadSHA256)
+}
+
+func sideOnly(hs []kgo.RecordHeader, names ...string) []kgo.RecordHeader {
+	var out []kgo.RecordHeader
+	for _, h := range hs {
+		for _, n := range names {
+			if h.Key == n {
+				out = append(out, h)
+			}
+		}
+	}
+	return out
 }

@@ -222,6 +222,9 @@ type ledger struct {
 	// budget: work outside an interceptor call is not timed otherwise);
 	// 0: until ctx ends.
 	wait time.Duration
+	// closers are streams the work opened (streamed values' downloads),
+	// closed by release.
+	closers []io.Closer
 }
 
 // charge takes n bytes from the budget, waiting while it is full until ctx
@@ -272,12 +275,18 @@ func (l *ledger) adopt(o *ledger) {
 	}
 	l.held += o.held
 	o.held = 0
+	l.closers = append(l.closers, o.closers...)
+	o.closers = nil
 }
 
 // release returns everything held.
 func (l *ledger) release() {
 	if l != nil {
 		l.give(l.held)
+		for _, c := range l.closers {
+			c.Close()
+		}
+		l.closers = nil
 	}
 }
 

@@ -30,8 +30,10 @@ type recView struct {
 }
 
 // Sizes charged to the memory budget for a batch read in place: a view
-// per record, and each header twice (the original, and the copy the
-// interceptors get, which they may change in place).
+// per record, each header twice (the original, and the copy the
+// interceptors get, which they may change in place), and one spare header
+// per record (the copy's room for one more: encrypt's marker,
+// large-message's header, appended without an allocation).
 const (
 	viewBytes = int64(unsafe.Sizeof(recView{}))
 	hdrBytes  = int64(unsafe.Sizeof(Header{}))
@@ -43,12 +45,25 @@ const (
 type scratch struct {
 	views []recView
 	hdrs  []Header // the records' headers as read
-	work  []Header // the copies handed to interceptors
+	work  []Header // the copies handed to interceptors, with a spare slot each
 	buf   []byte   // decompressed records
+	// outs hold the fields interceptors write for the batch's records
+	// (Record.buffer: encrypt's sealed and opened values), in chunks
+	// filled in turn: outs[k][len(outs[k]):] is free.
+	outs [][]byte
 }
 
 func (s *scratch) size() int64 {
-	return int64(cap(s.views))*viewBytes + int64(cap(s.hdrs)+cap(s.work))*hdrBytes + int64(cap(s.buf))
+	return int64(cap(s.views))*viewBytes + int64(cap(s.hdrs)+cap(s.work))*hdrBytes + int64(cap(s.buf)) + s.outsSize()
+}
+
+// outsSize is the capacity of s.outs' chunks.
+func (s *scratch) outsSize() int64 {
+	var n int64
+	for _, c := range s.outs {
+		n += int64(cap(c))
+	}
+	return n
 }
 
 // scanBatch checks raw's magic and CRC and reads its records in place
@@ -107,7 +122,7 @@ func scanBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, error
 	if int64(n) > int64(len(src))/7+1 {
 		return d.fail(l, held, corrupt("record batch says it holds %d records in %d bytes", n, len(src)))
 	}
-	if err := l.charge(ctx, int64(n)*viewBytes); err != nil {
+	if err := l.charge(ctx, int64(n)*(viewBytes+hdrBytes)); err != nil {
 		return d.fail(l, held, err)
 	}
 	if cap(d.sc.views) < n {
@@ -153,8 +168,11 @@ func scanBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, error
 		v.h1 = int32(len(hdrs))
 	}
 	d.sc.hdrs = hdrs
-	if cap(d.sc.work) < len(hdrs) {
-		d.sc.work = make([]Header, len(hdrs))
+	if cap(d.sc.work) < len(hdrs)+n {
+		d.sc.work = make([]Header, len(hdrs)+n)
+	}
+	for k := range d.sc.outs {
+		d.sc.outs[k] = d.sc.outs[k][:0]
 	}
 	if len(src) != 0 {
 		return d.fail(l, held, corrupt("record batch has %d bytes after its %d records", len(src), d.hdr.NumRecords))
@@ -174,23 +192,82 @@ func (d *decodedBatch) headersOf(i int) []Header {
 
 // fill sets r to record i of the batch as an interceptor sees it: key,
 // value and header values are the batch's bytes; the headers slice is a
-// copy the interceptor may change in place (its array is the record's
-// alone while the batch is processed).
+// copy the interceptor may change in place, with room for one more header
+// (its array is the record's alone while the batch is processed; empty,
+// not nil, when the record has none).
 func (d *decodedBatch) fill(r *Record, i int, topic string, partition int32, info BatchInfo, fetch bool, led *ledger) {
 	v := &d.views[i]
 	*r = Record{Topic: topic, Partition: partition, Key: v.key, Value: v.value, Batch: info,
-		Timestamp: d.hdr.FirstTimestamp + v.tsDelta, Offset: int64(i), led: led}
+		Timestamp: d.hdr.FirstTimestamp + v.tsDelta, Offset: int64(i), led: led, batch: d, index: i}
 	if fetch {
 		r.Offset = d.hdr.FirstOffset + int64(v.offDelta)
 		if d.hdr.Attributes&0x08 != 0 { // LogAppendTime
 			r.Timestamp = d.hdr.MaxTimestamp
 		}
 	}
-	if v.h0 != v.h1 {
-		w := d.sc.work[v.h0:v.h1:v.h1]
-		copy(w, d.sc.hdrs[v.h0:v.h1])
-		r.Headers = w
+	// Record i's copy starts after i spare slots, one per record before.
+	w0, w1 := int(v.h0)+i, int(v.h1)+i
+	r.Headers = d.sc.work[w0 : w1 : w1+1]
+	copy(r.Headers, d.sc.hdrs[v.h0:v.h1])
+}
+
+// alloc returns n bytes that live as long as the batch, for a field an
+// interceptor writes into record i (Record.buffer): carved from the
+// scratch's chunks in turn, reused from batch to batch, each charged to l
+// when the batch first takes from it. When they run out, a new chunk is
+// added, sized for the rest of the batch as its records so far suggest
+// (records alike: the chunks fit the next such batch, which allocates
+// nothing). The charges are the batch's transient ones, given back at
+// done.
+func (d *decodedBatch) alloc(ctx context.Context, l *ledger, i, n int) ([]byte, error) {
+	s := d.sc
+	bound := d.recordsLen + int64(len(d.views))<<10 // what a batch's fields are likely to need, at most
+	if d.outAt == 0 && !d.outHeld && s.outsSize() > 2*bound+64<<10 {
+		s.outs = s.outs[:0] // a larger batch's: not charged to this one
 	}
+	for ; d.outAt < len(s.outs); d.outAt, d.outHeld = d.outAt+1, false {
+		c := s.outs[d.outAt]
+		if cap(c)-len(c) < n {
+			continue
+		}
+		if !d.outHeld {
+			if err := l.charge(ctx, int64(cap(c))); err != nil {
+				return nil, err
+			}
+			d.transient += int64(cap(c))
+			d.outHeld = true
+		}
+		s.outs[d.outAt] = c[:len(c)+n]
+		d.outUsed += int64(n)
+		return c[len(c) : len(c)+n : len(c)+n], nil
+	}
+	done := int64(min(max(i, 0), len(d.views)-1)) + 1 // records up to i
+	rest := (d.outUsed + int64(n)) * (int64(len(d.views)) - done) / done
+	size := max(int64(n)+min(rest, bound), 4<<10)
+	if err := l.charge(ctx, size); err != nil {
+		return nil, err
+	}
+	d.transient += size
+	c := make([]byte, n, size)
+	s.outs = append(s.outs, c)
+	d.outAt, d.outHeld = len(s.outs)-1, true
+	d.outUsed += int64(n)
+	return c[:n:n], nil
+}
+
+// buffer returns n bytes for a field the interceptor writes into r (a
+// sealed or opened value), charged to the memory budget and given back
+// when the batch is done: from the batch's pooled buffer (no allocation
+// per record) when r was read in place, else a new slice charged as
+// Reserve charges. Errors wrap ErrMemoryBusy.
+func (r *Record) buffer(ctx context.Context, n int) ([]byte, error) {
+	if r.batch != nil && r.batch.sc != nil {
+		return r.batch.alloc(ctx, r.led, r.index, n)
+	}
+	if err := r.Reserve(ctx, int64(n)); err != nil {
+		return nil, err
+	}
+	return make([]byte, n), nil
 }
 
 // changed reports whether r differs from record i as read (Kafka's null

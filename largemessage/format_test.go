@@ -7,6 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"os"
 	"regexp"
 	"strconv"
@@ -265,7 +267,7 @@ func TestFormatDocNamesHeaders(t *testing.T) {
 	fv := parseFormatDoc(t)
 	for _, name := range []string{
 		largemessage.HeaderLargeMessage, largemessage.HeaderLargeMessageKey,
-		largemessage.HeaderPayloadSize, largemessage.HeaderPayloadSHA256, largemessage.HeaderPayloadMetadata,
+		largemessage.HeaderPayloadSize, largemessage.HeaderPayloadSHA256, largemessage.HeaderPayloadMetadata, largemessage.HeaderPayloadCRC32C,
 		largemessage.HeaderKeyPayloadSize, largemessage.HeaderKeyPayloadSHA256, largemessage.HeaderKeyPayloadMetadata,
 		payloadstore.FileStoreClass, payloadstore.MemStoreClass,
 	} {
@@ -286,8 +288,8 @@ func (f fixedID) ID(payloadstore.Payload) string { return string(f) }
 // store root.
 func TestFormatDocExampleRecord(t *testing.T) {
 	fv := parseFormatDoc(t)
-	if len(fv.example) < 4 {
-		t.Fatalf("found %d example header rows in %s, want 4", len(fv.example), formatDoc)
+	if len(fv.example) < 5 {
+		t.Fatalf("found %d example header rows in %s, want 5", len(fv.example), formatDoc)
 	}
 	v1 := fv.valid[0]
 	const id = "3f2c6d1e-8a4b-4c5d-9e7f-0a1b2c3d4e5f"
@@ -322,6 +324,9 @@ func TestFormatDocExampleRecord(t *testing.T) {
 	}
 	if sum := sha256.Sum256(payload); fv.example[3].value != hex.EncodeToString(sum[:]) {
 		t.Errorf("the doc's digest is not the SHA-256 of 5 MiB of zeros")
+	}
+	if crc := crc32.Checksum(payload, crc32.MakeTable(crc32.Castagnoli)); fv.example[4].value != fmt.Sprintf("%08x", crc) {
+		t.Errorf("the doc's CRC-32C is not that of 5 MiB of zeros (%08x)", crc)
 	}
 	if string(rec.Key) != "order-42" {
 		t.Errorf("key changed: %q", rec.Key)

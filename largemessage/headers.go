@@ -40,11 +40,12 @@ const (
 type side struct {
 	name                        string // "key" or "value"
 	marker, size, sha, metadata string
+	crc                         string // "" for the key: keys are never streamed
 }
 
 var (
-	valueSide = side{"value", HeaderLargeMessage, HeaderPayloadSize, HeaderPayloadSHA256, HeaderPayloadMetadata}
-	keySide   = side{"key", HeaderLargeMessageKey, HeaderKeyPayloadSize, HeaderKeyPayloadSHA256, HeaderKeyPayloadMetadata}
+	valueSide = side{"value", HeaderLargeMessage, HeaderPayloadSize, HeaderPayloadSHA256, HeaderPayloadMetadata, HeaderPayloadCRC32C}
+	keySide   = side{"key", HeaderLargeMessageKey, HeaderKeyPayloadSize, HeaderKeyPayloadSHA256, HeaderKeyPayloadMetadata, ""}
 )
 
 // IsOffloaded reports whether rec's value carries a PayloadReferenceValue
@@ -81,17 +82,24 @@ func withoutSide(hs []kgo.RecordHeader, s side) []kgo.RecordHeader {
 		case s.marker, s.size, s.sha, s.metadata:
 			continue
 		}
+		if s.crc != "" && h.Key == s.crc {
+			continue
+		}
 		out = append(out, h)
 	}
 	return out
 }
 
-// sideHeaders are the headers an offloaded side adds.
-func sideHeaders(s side, size int64, sha [32]byte, metadata []byte) []kgo.RecordHeader {
+// sideHeaders are the headers an offloaded side adds; crc (the value
+// side's only; nil: not known) is the payload's CRC-32C.
+func sideHeaders(s side, size int64, sha [32]byte, crc *uint32, metadata []byte) []kgo.RecordHeader {
 	hs := []kgo.RecordHeader{
 		{Key: s.marker, Value: []byte("true")},
 		{Key: s.size, Value: strconv.AppendInt(nil, size, 10)},
 		{Key: s.sha, Value: hex.AppendEncode(nil, sha[:])},
+	}
+	if crc != nil && s.crc != "" {
+		hs = append(hs, kgo.RecordHeader{Key: s.crc, Value: fmt.Appendf(nil, "%08x", *crc)})
 	}
 	if len(metadata) > 0 {
 		hs = append(hs, kgo.RecordHeader{Key: s.metadata, Value: metadata})
@@ -120,3 +128,29 @@ func expected(hs []kgo.RecordHeader, s side) (size int64, sha []byte, ok bool, e
 	}
 	return size, sha, true, nil
 }
+
+// PayloadCRC32C returns the CRC-32C of rec's value payload from its
+// ferry.payload.crc32c header; ok is false when the header is absent or
+// not 8 lowercase hex digits (the value is then not streamed).
+func PayloadCRC32C(rec *kgo.Record) (crc uint32, ok bool) {
+	v, has := header(rec.Headers, HeaderPayloadCRC32C)
+	if !has || len(v) != 8 {
+		return 0, false
+	}
+	for _, c := range v {
+		switch {
+		case c >= '0' && c <= '9':
+			crc = crc<<4 | uint32(c-'0')
+		case c >= 'a' && c <= 'f':
+			crc = crc<<4 | uint32(c-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return crc, true
+}
+
+// WithoutValueHeaders returns hs without the headers Ferry adds to an
+// offloaded value (in place): the record as produced, once its value is
+// put back.
+func WithoutValueHeaders(hs []kgo.RecordHeader) []kgo.RecordHeader { return withoutSide(hs, valueSide) }

@@ -44,7 +44,7 @@ func TestTakeWithinAtLimit(t *testing.T) {
 // before any download.
 func TestResolvedSizeFromHeaders(t *testing.T) {
 	ref := []byte("a reference of a few bytes")
-	r := &kgo.Record{Key: []byte("k"), Value: ref, Headers: sideHeaders(valueSide, 8<<20, [32]byte{}, nil)}
+	r := &kgo.Record{Key: []byte("k"), Value: ref, Headers: sideHeaders(valueSide, 8<<20, [32]byte{}, nil, nil)}
 	c := NewConsumer(nil, NewDeserializer(nil, false))
 	if got, want := c.resolvedSize(t.Context(), r), int64(1+8<<20); got != want {
 		t.Fatalf("resolved size %d, want %d (key plus the size header's payload)", got, want)

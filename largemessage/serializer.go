@@ -1,16 +1,19 @@
 package largemessage
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"regexp"
 	"slices"
 	"sync"
 
+	"github.com/ferrykit/ferry/internal/crc32c"
 	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -57,6 +60,7 @@ type ReferenceCache struct {
 type verifiedObject struct {
 	size int64
 	sum  [32]byte
+	crc  uint32
 }
 
 type referenceCacheKey struct{}
@@ -84,7 +88,7 @@ func (s *Serializer) verifyReference(ctx context.Context, rec *kgo.Record, sd si
 		v, ok := cache.verified[path]
 		cache.mu.Unlock()
 		if ok {
-			rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, v.size, v.sum, nil)...)
+			rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, v.size, v.sum, &v.crc, nil)...)
 			return nil
 		}
 	}
@@ -94,16 +98,18 @@ func (s *Serializer) verifyReference(ctx context.Context, rec *kgo.Record, sd si
 	}
 	defer rc.Close()
 	h := sha256.New()
-	n, err := io.Copy(h, rc)
+	c := crc32.New(crc32c.Table)
+	n, err := io.Copy(io.MultiWriter(h, c), rc)
 	if err != nil {
 		return fmt.Errorf("topic %s: the record's %s is a reference: reading its object: %w", rec.Topic, sd.name, err)
 	}
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
-	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, n, sum, nil)...)
+	crc := c.Sum32()
+	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sd), sideHeaders(sd, n, sum, &crc, nil)...)
 	if cache != nil {
 		cache.mu.Lock()
-		cache.verified[path] = verifiedObject{size: n, sum: sum}
+		cache.verified[path] = verifiedObject{size: n, sum: sum, crc: crc}
 		cache.mu.Unlock()
 	}
 	return nil
@@ -219,6 +225,11 @@ type sidePlan struct {
 	sd   side
 	p    payloadstore.Payload
 	path string
+	// crc is the payload's CRC-32C when crcKnown: taken with its SHA-256
+	// for bytes in memory (planSide), or while the store reads the body
+	// (Commit) for a payload given as a stream.
+	crc      uint32
+	crcKnown bool
 }
 
 // PlanOffload decides, without publishing, which sides of rec to offload so
@@ -377,13 +388,13 @@ func (s *Serializer) planSide(rec *kgo.Record, sd side) (sidePlan, error) {
 	if err := needTopic(rec, sd); err != nil {
 		return sidePlan{}, err
 	}
-	p := payloadstore.BytesPayload(b)
+	p, crc := bytesPayload(b)
 	if sd == keySide {
 		p.ID = p.HexSHA256()
 	} else {
 		p.ID = s.store.ID(p)
 	}
-	sp := sidePlan{sd: sd, p: p}
+	sp := sidePlan{sd: sd, p: p, crc: crc, crcKnown: true}
 	root := s.root()
 	if root == "" {
 		return sp, nil // planned after publishing (see plan)
@@ -411,8 +422,14 @@ func (sp sidePlan) apply(rec *kgo.Record, path string, metadata []byte, class st
 	if err != nil {
 		return fmt.Errorf("topic %s: %w", rec.Topic, err)
 	}
+	// The CRC header is written only when the CRC is known: a wrong one
+	// would make the proxy stream a batch whose CRC-32C is wrong.
+	var crc *uint32
+	if sp.crcKnown {
+		crc = &sp.crc
+	}
 	// A copy: the caller may share one header slice between records.
-	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sp.sd), sideHeaders(sp.sd, sp.p.Size, sp.p.SHA256, metadata)...)
+	rec.Headers = append(withoutSide(slices.Clone(rec.Headers), sp.sd), sideHeaders(sp.sd, sp.p.Size, sp.p.SHA256, crc, metadata)...)
 	if sp.sd == keySide {
 		rec.Key = ref
 	} else {
@@ -454,7 +471,18 @@ func (p *Plan) Commit(ctx context.Context) (changed bool, err error) {
 	}
 	for i := range p.sides {
 		sp := &p.sides[i]
-		resp, err := p.s.store.Publish(ctx, p.rec.Topic, sp.p)
+		pub := sp.p
+		var cb *crcBody
+		if !sp.crcKnown && sp.sd.crc != "" && pub.Body != nil {
+			// Not in memory (a file): its CRC-32C is taken as the store
+			// reads it, in the pass that hashes it.
+			cb = &crcBody{rs: pub.Body}
+			pub.Body = cb
+		}
+		resp, err := p.s.store.Publish(ctx, p.rec.Topic, pub)
+		if cb != nil {
+			sp.crc, sp.crcKnown = cb.sum(sp.p.Size)
+		}
 		if err != nil {
 			// A failed publish may still have written the object (a
 			// cancelled call, a lost answer): its path was chosen before,
@@ -733,7 +761,9 @@ func (s *Serializer) PreviewValue(rec *kgo.Record, p payloadstore.Payload) (*kgo
 		return nil, fmt.Errorf("topic %s: %w", rec.Topic, err)
 	}
 	out := cloneRecord(rec)
-	if err := (sidePlan{sd: valueSide, p: p}).apply(out, root.Path(key), nil, s.storeClass()); err != nil {
+	// The CRC header as a placeholder of its final length (its value is
+	// taken while publishing), so that the preview has the record's size.
+	if err := (sidePlan{sd: valueSide, p: p, crcKnown: true}).apply(out, root.Path(key), nil, s.storeClass()); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -792,3 +822,50 @@ func (s *Serializer) offloadAll(ctx context.Context, rec *kgo.Record, l Limits) 
 
 // Record returns the record the plan rewrites.
 func (p *Plan) Record() *kgo.Record { return p.rec }
+
+// bytesPayload is payloadstore.BytesPayload over b with b's CRC-32C, both
+// digests taken in one pass over b (a block at a time, while it is in the
+// CPU's cache).
+func bytesPayload(b []byte) (payloadstore.Payload, uint32) {
+	h := sha256.New()
+	var crc uint32
+	for rest := b; len(rest) > 0; {
+		n := min(len(rest), 64<<10)
+		h.Write(rest[:n])
+		crc = crc32c.Update(crc, rest[:n])
+		rest = rest[n:]
+	}
+	p := payloadstore.Payload{Body: bytes.NewReader(b), Size: int64(len(b))}
+	h.Sum(p.SHA256[:0])
+	return p, crc
+}
+
+// crcBody takes the CRC-32C of a payload's body as a store reads it from
+// offset 0 (a retry seeks back to 0 and starts again).
+type crcBody struct {
+	rs     io.ReadSeeker
+	crc    uint32
+	n      int64
+	broken bool // read from elsewhere than offset 0
+}
+
+func (c *crcBody) Read(p []byte) (int, error) {
+	n, err := c.rs.Read(p)
+	c.crc = crc32c.Update(c.crc, p[:n])
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *crcBody) Seek(off int64, whence int) (int64, error) {
+	at, err := c.rs.Seek(off, whence)
+	c.crc, c.n, c.broken = 0, 0, err != nil || at != 0
+	return at, err
+}
+
+// sum returns the CRC of the last pass when it read exactly size bytes.
+func (c *crcBody) sum(size int64) (uint32, bool) {
+	if c.broken || c.n != size {
+		return 0, false
+	}
+	return c.crc, true
+}

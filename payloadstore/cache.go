@@ -118,7 +118,7 @@ func (c *CachedStore) Stats() CacheStats {
 // Download serves fullPath from the cache, or fills it (see Cached).
 func (c *CachedStore) Download(ctx context.Context, fullPath string) (io.ReadCloser, error) {
 	e, ok := ctx.Value(expectedKey{}).(expectation)
-	if !ok || e.size > c.o.MaxBytes {
+	if !ok || e.size > c.o.MaxBytes || streaming(ctx) {
 		c.bypassed.Add(1)
 		return c.PayloadStore.Download(ctx, fullPath)
 	}

@@ -29,7 +29,15 @@ const (
 // ranged GETs delivered in order (rangedReader). With a concurrency of 1
 // every object is one GET, as before ranged reads.
 func (s *BlobStore) download(ctx context.Context, key, full string) (io.ReadCloser, error) {
-	if s.dlConcurrency <= 1 {
+	part, conc := s.dlPart, s.dlConcurrency
+	if ra, ok := ctx.Value(streamingKey{}).(int64); ok {
+		// A download streamed to a client: its read-ahead is bounded
+		// on its own, in four parts when it allows (at least
+		// minDownloadPartBytes each).
+		part = int(min(int64(part), max(ra/4, minDownloadPartBytes)))
+		conc = int(min(int64(conc), max(ra/int64(part), 1)))
+	}
+	if conc <= 1 {
 		r, err := s.bucket.NewReader(ctx, key, nil)
 		if err != nil {
 			return nil, s.fail("download", full, err)
@@ -38,7 +46,7 @@ func (s *BlobStore) download(ctx context.Context, key, full string) (io.ReadClos
 	}
 	// The first part's GET also tells the object's size (from its
 	// Content-Range), so a small object costs one request, as before.
-	r, err := s.bucket.NewRangeReader(ctx, key, 0, int64(s.dlPart), nil)
+	r, err := s.bucket.NewRangeReader(ctx, key, 0, int64(part), nil)
 	if err != nil && httpStatus(err) == http.StatusRequestedRangeNotSatisfiable {
 		// An empty object has no byte 0 to range over.
 		r, err = s.bucket.NewReader(ctx, key, nil)
@@ -46,10 +54,30 @@ func (s *BlobStore) download(ctx context.Context, key, full string) (io.ReadClos
 	if err != nil {
 		return nil, s.fail("download", full, err)
 	}
-	if r.Size() <= int64(s.dlPart) {
+	if r.Size() <= int64(part) {
 		return &resumingReader{ctx: ctx, s: s, key: key, full: full, r: r, size: r.Size()}, nil
 	}
-	return newRangedReader(ctx, s, key, full, r), nil
+	return newRangedReader(ctx, s, key, full, r, part, conc), nil
+}
+
+// streamingKey marks a download streamed to a client (WithStreaming); its
+// value is the read-ahead bound in bytes.
+type streamingKey struct{}
+
+// WithStreaming returns ctx telling a Download that its bytes go to a
+// client as they are read (the proxy's fetch side streams a large value):
+// a Cached store does not keep them (the download bypasses the cache,
+// however small the payload), and a cloud store's ranged download holds at
+// most readAhead bytes of parts in flight (at least one part of 256 KiB),
+// instead of download.part.bytes × download.concurrency.
+func WithStreaming(ctx context.Context, readAhead int64) context.Context {
+	return context.WithValue(ctx, streamingKey{}, readAhead)
+}
+
+// streaming reports whether ctx is a streamed download's (WithStreaming).
+func streaming(ctx context.Context) bool {
+	_, ok := ctx.Value(streamingKey{}).(int64)
+	return ok
 }
 
 // Budget is a wider memory budget that a store's download buffers are
@@ -84,6 +112,7 @@ type rangedReader struct {
 	key    string
 	full   string
 	size   int64
+	part   int             // bytes per range (s.dlPart, or less for a stream)
 	parts  chan *rangePart // in object order
 	slots  chan []byte     // free buffers; one token per part in flight
 	wg     sync.WaitGroup
@@ -107,11 +136,11 @@ type rangePart struct {
 	err  error
 }
 
-func newRangedReader(ctx context.Context, s *BlobStore, key, full string, first *blob.Reader) *rangedReader {
+func newRangedReader(ctx context.Context, s *BlobStore, key, full string, first *blob.Reader, part, conc int) *rangedReader {
 	ctx, cancel := context.WithCancel(ctx)
-	rr := &rangedReader{ctx: ctx, cancel: cancel, s: s, key: key, full: full, size: first.Size(),
-		parts: make(chan *rangePart, s.dlConcurrency), slots: make(chan []byte, s.dlConcurrency)}
-	for range s.dlConcurrency {
+	rr := &rangedReader{ctx: ctx, cancel: cancel, s: s, key: key, full: full, size: first.Size(), part: part,
+		parts: make(chan *rangePart, conc), slots: make(chan []byte, conc)}
+	for range conc {
 		rr.slots <- nil // buffers are made when first needed
 	}
 	rr.wg.Add(1)
@@ -128,7 +157,7 @@ func (rr *rangedReader) schedule(first *blob.Reader) {
 			first.Close()
 		}
 	}()
-	part := int64(rr.s.dlPart)
+	part := int64(rr.part)
 	for off := int64(0); off < rr.size; {
 		var buf []byte
 		select {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,8 +56,9 @@ type inflight struct {
 	// (epoch 0), bound to the id its response gives.
 	newSession *fetchSession
 	// parts: the response frame as a vector, when the proxy rewrote it
-	// with large record sets left where they lie (fetchframe.go).
-	parts net.Buffers
+	// with large record sets left where they lie, and streamed values
+	// read from the store as they are written (fetchframe.go).
+	parts *framePlan
 	// frameFree: once written, nothing reads the broker's response frame
 	// any more (it goes back to its pool).
 	frameFree bool
@@ -703,6 +705,9 @@ func (c *conn) watchUpstream(req <-chan struct{}, res chan<- error) {
 
 // writeLoop answers queued requests in order: each queued request takes the
 // next frame from the broker (Kafka answers in order on a connection).
+//
+//	next request (nextRequest) ─► an answer the proxy made itself (local)
+//	                           └► upstream ready to read (settle) ─► answer
 func (c *conn) writeLoop() {
 	var f *inflight // the request being answered
 	defer func() {
@@ -714,92 +719,12 @@ func (c *conn) writeLoop() {
 			g.drop()
 		}
 	}()
-	ready := c.upReady // nil once the upstream is watched
-	var req chan struct{}
-	res := make(chan error, 1)
-	watching := false // a peek is outstanding: its outcome comes on res
-	// watcher starts the goroutine that peeks while nothing is in flight,
-	// once upstream is dialled; false: the dial failed.
-	watcher := func() bool {
-		if ready != nil {
-			if c.upErr != nil {
-				return false
-			}
-			req, ready = make(chan struct{}, 1), nil
-			go c.watchUpstream(req, res)
-		}
-		return true
-	}
-	idle := time.NewTimer(time.Hour)
-	idle.Stop()
-	defer idle.Stop()
+	w := newUpstreamWatch(c)
+	defer w.idle.Stop()
 	for {
-		f = nil
-		if g, ok, queued := tryPending(c.pending); queued {
-			// A request is waiting (pipelined): its response is read
-			// straight away, without a hand-off to the watcher.
-			if !ok {
-				return
-			}
-			f = g
-		} else {
-			if ready == nil && !watching {
-				// Nothing queued: the next request usually follows soon
-				// (a client's next batch), so the writer waits for it a
-				// moment before handing the upstream to the watcher,
-				// which costs two goroutine wake-ups per idle spell.
-				idle.Reset(watchAfter)
-				select {
-				case g, ok := <-c.pending:
-					idle.Stop() // (Go 1.23+: no stale tick is left to drain)
-					if !ok {
-						return
-					}
-					f = g
-				case <-idle.C:
-				}
-				if f == nil {
-					req <- struct{}{}
-					watching = true
-				}
-			}
-		}
-		if f == nil {
-			select {
-			case g, ok := <-c.pending:
-				if !ok {
-					return
-				}
-				f = g
-			case err := <-res:
-				watching = false
-				// A request is queued before it is forwarded, so the
-				// request a response answers is in pending by the time
-				// its bytes arrive; but when both are ready, select
-				// picks either. Take it now if it is there.
-				if g, ok, queued := tryPending(c.pending); queued {
-					if !ok {
-						return
-					}
-					f = g
-					break
-				}
-				if err == nil {
-					c.fail("upstream_io", "response from the upstream broker without a request", nil)
-					return
-				}
-				if !c.closed() {
-					c.s.m.errors.WithLabelValues("upstream_io").Inc()
-					c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
-					c.resetUnanswered()
-				}
-				return
-			case <-ready:
-				if !watcher() {
-					return
-				}
-				continue
-			}
+		var ok bool
+		if f, ok = c.nextRequest(w); !ok {
+			return
 		}
 		if f.local != nil {
 			if !c.write(f, f.local) {
@@ -807,36 +732,137 @@ func (c *conn) writeLoop() {
 			}
 			continue
 		}
-		if ready != nil { // not dialled yet: the reader is dialling
-			select {
-			case <-ready:
-			case <-c.done:
-				return
-			}
-		}
-		if !watcher() {
+		if !w.settle() || !c.answer(f) {
 			return
 		}
-		if watching {
-			// The watcher is peeking: its outcome (the response's first
-			// bytes, or the end) comes first; then the writer reads.
+	}
+}
+
+// upstreamWatch is the writer's view of the upstream connection between
+// responses: while nothing is in flight, a goroutine (watchUpstream) peeks
+// at it, so that a broker closing an idle connection is seen at once. The
+// writer reads upstream only when no peek is outstanding (settle).
+type upstreamWatch struct {
+	c        *conn
+	ready    <-chan struct{} // c.upReady until the watcher starts; then nil
+	req      chan struct{}   // asks the watcher for a peek
+	res      chan error      // a peek's outcome
+	watching bool            // a peek is outstanding: its outcome comes on res
+	idle     *time.Timer     // how long the writer waits before handing over
+}
+
+func newUpstreamWatch(c *conn) *upstreamWatch {
+	w := &upstreamWatch{c: c, ready: c.upReady, res: make(chan error, 1), idle: time.NewTimer(time.Hour)}
+	w.idle.Stop()
+	return w
+}
+
+// start starts the watcher once upstream is dialled (call it after ready
+// closed, or with the watcher started); false: the dial failed.
+func (w *upstreamWatch) start() bool {
+	if w.ready != nil {
+		if w.c.upErr != nil {
+			return false
+		}
+		w.req, w.ready = make(chan struct{}, 1), nil
+		go w.c.watchUpstream(w.req, w.res)
+	}
+	return true
+}
+
+// nextRequest returns the next queued request, waiting for one; false ends
+// the loop: the reader closed pending, or the upstream closed, or it sent
+// a response to no request.
+func (c *conn) nextRequest(w *upstreamWatch) (*inflight, bool) {
+	for {
+		if f, ok, queued := tryPending(c.pending); queued {
+			// A request is waiting (pipelined): its response is read
+			// straight away, without a hand-off to the watcher.
+			return f, ok
+		}
+		if w.ready == nil && !w.watching {
+			// Nothing queued: the next request usually follows soon (a
+			// client's next batch), so the writer waits for it a moment
+			// before handing the upstream to the watcher, which costs
+			// two goroutine wake-ups per idle spell.
+			w.idle.Reset(watchAfter)
 			select {
-			case err := <-res:
-				watching = false
-				if err != nil {
-					if !c.closed() {
-						c.resetUnanswered()
-						c.fail("upstream_io", "read from the upstream broker failed", err)
-					}
-					return
-				}
-			case <-c.done:
-				return
+			case f, ok := <-c.pending:
+				w.idle.Stop() // (Go 1.23+: no stale tick is left to drain)
+				return f, ok
+			case <-w.idle.C:
+			}
+			w.req <- struct{}{}
+			w.watching = true
+		}
+		select {
+		case f, ok := <-c.pending:
+			return f, ok
+		case err := <-w.res:
+			w.watching = false
+			// A request is queued before it is forwarded, so the request
+			// a response answers is in pending by the time its bytes
+			// arrive; but when both are ready, select picks either.
+			// Take it now if it is there.
+			if f, ok, queued := tryPending(c.pending); queued {
+				return f, ok
+			}
+			c.upstreamIdleEnd(err)
+			return nil, false
+		case <-w.ready:
+			if !w.start() {
+				return nil, false
 			}
 		}
-		if !c.answer(f) {
-			return
+	}
+}
+
+// upstreamIdleEnd handles what the watcher saw with nothing in flight:
+// bytes (a response to no request) or the broker closing the connection,
+// which the client's connection then follows.
+func (c *conn) upstreamIdleEnd(err error) {
+	if err == nil {
+		c.fail("upstream_io", "response from the upstream broker without a request", nil)
+		return
+	}
+	if !c.closed() {
+		c.s.m.errors.WithLabelValues("upstream_io").Inc()
+		c.log.Info("the upstream broker closed the connection; closing the client's", "err", err)
+		c.resetUnanswered()
+	}
+}
+
+// settle makes the upstream ready for the writer to read a response:
+// dialled (the reader dials), watched, and no peek outstanding (its outcome
+// is the response's first bytes, or the end). False ends the loop.
+func (w *upstreamWatch) settle() bool {
+	c := w.c
+	if w.ready != nil {
+		select {
+		case <-w.ready:
+		case <-c.done:
+			return false
 		}
+	}
+	if !w.start() {
+		return false
+	}
+	if !w.watching {
+		return true
+	}
+	select {
+	case err := <-w.res:
+		w.watching = false
+		if err != nil {
+			if !c.closed() {
+				c.resetUnanswered()
+				c.fail("upstream_io", "read from the upstream broker failed", err)
+			}
+			return false
+		}
+		return true
+	case <-c.done:
+		return false
 	}
 }
 
@@ -915,7 +941,7 @@ func (c *conn) answer(f *inflight) bool {
 	var ok bool
 	written := int64(len(out))
 	if out == nil && f.parts != nil {
-		for _, b := range f.parts {
+		for _, b := range f.parts.bufs {
 			written += int64(len(b))
 		}
 		ok = c.writeParts(f)
@@ -947,23 +973,67 @@ func (c *conn) write(f *inflight, out []byte) bool {
 	return true
 }
 
-// writeParts writes f's response frame given as a vector (writev).
+// writeParts writes f's response frame given as a vector (writev), each
+// streamed value read from the store as it is written (Hole.Stream). A
+// streamed value that fails its checks or its store mid-stream closes the
+// connection: the client holds part of a frame that cannot be completed.
 func (c *conn) writeParts(f *inflight) bool {
-	n := int64(0)
-	for _, b := range f.parts {
-		n += int64(len(b))
-	}
-	c.setWriteDeadline()
-	parts := f.parts
+	fp := f.parts
 	f.parts = nil
-	if _, err := parts.WriteTo(c.client); err != nil {
-		if !c.closed() {
-			c.fail("client_io", "write to client failed", err)
+	n := fp.size()
+	from := 0
+	flush := func(to int) error {
+		if to == from {
+			return nil
 		}
-		return false
+		c.setWriteDeadline()
+		bufs := slices.Clone(fp.bufs[from:to]) // WriteTo consumes its slice
+		from = to
+		_, err := bufs.WriteTo(c.client)
+		return err
+	}
+	for i := 0; i <= len(fp.bufs); i++ {
+		h := fp.holes[i]
+		if h == nil && i < len(fp.bufs) {
+			continue
+		}
+		if err := flush(i); err != nil {
+			if !c.closed() {
+				c.fail("client_io", "write to client failed", err)
+			}
+			return false
+		}
+		if h == nil {
+			break
+		}
+		if _, err := h.Stream(deadlineWriter{c}); err != nil {
+			if !errors.Is(err, interceptor.ErrStreamedPayload) {
+				if !c.closed() {
+					c.fail("client_io", "write to client failed", err)
+				}
+				return false
+			}
+			// The consumer reconnects and fetches the record again: logged
+			// once a minute per partition, counted each time.
+			c.s.m.errors.WithLabelValues("fetch_stream").Inc()
+			if c.s.ic == nil || c.s.ic.shouldLog(h.Topic, h.Partition) {
+				c.log.Warn("a streamed record value failed after its fetch response was committed; closing the connection (logged once per minute)", "topic", h.Topic, "partition", h.Partition, "offset", h.Offset, "err", err)
+			}
+			c.close()
+			return false
+		}
 	}
 	c.answered(f, n)
 	return true
+}
+
+// deadlineWriter writes to the client, moving the write deadline as bytes
+// go (a streamed value is written a chunk at a time).
+type deadlineWriter struct{ c *conn }
+
+func (w deadlineWriter) Write(p []byte) (int, error) {
+	w.c.setWriteDeadline()
+	return w.c.client.Write(p)
 }
 
 // setWriteDeadline: a client that stops reading for connections.max.idle.ms

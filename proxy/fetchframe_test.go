@@ -48,7 +48,7 @@ func TestSpliceFrameIsTheWholeFrame(t *testing.T) {
 			whole := append(append(make([]byte, 4), header...), resp.AppendTo(nil)...)
 			binary.BigEndian.PutUint32(whole, uint32(len(whole)-4))
 
-			large := detachLarge(resp)
+			large := detachLarge(resp, nil)
 			enc := append(append(make([]byte, 4), header...), resp.AppendTo(nil)...)
 			if len(large) == 0 {
 				if !bytes.Equal(enc[4:], whole[4:]) {
@@ -61,7 +61,7 @@ func TestSpliceFrameIsTheWholeFrame(t *testing.T) {
 				t.Fatalf("v%d: %v", v, err)
 			}
 			var got []byte
-			for _, b := range parts {
+			for _, b := range parts.bufs {
 				got = append(got, b...)
 			}
 			if !bytes.Equal(got, whole) {

@@ -438,6 +438,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		// always fits and several fit at once (beyond the first record,
 		// the consumer fetches the rest next time, KIP-74).
 		limits := f.fetchLimits
+		limits.Stream = true // written by writeParts
 		if mx := c.s.mem.Limit() / 4; limits.MaxBytes <= 0 || int64(limits.MaxBytes) > mx {
 			limits.MaxBytes = int32(min(mx, math.MaxInt32))
 		}
@@ -475,7 +476,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			// memory, and the consumer fetches them again.
 			// Large record sets are written from where they lie
 			// (fetchframe.go): only the rest of the frame is encoded.
-			large := detachLarge(resp)
+			large := detachLarge(resp, out.Streamed)
 			est := fetchFrameBytes(resp, hlen)
 			ctx, cancel := context.WithTimeout(c.ctx, f.gen.chain.Timeout())
 			err := c.s.mem.Take(ctx, est)
@@ -502,8 +503,13 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			if len(large) > 0 {
 				parts, err := spliceFrame(f.version, enc, 4+hlen, large)
 				if err == nil {
-					f.parts = parts
+					f.parts = &parts
 					return nil, release, nil
+				}
+				if hasHoles(large) {
+					// Encoded whole, the streamed values' batches would be
+					// wrong: the response cannot be written.
+					return nil, release, fmt.Errorf("a fetch response with streamed values could not be written in parts: %w", err)
 				}
 				// Not expected (the walk follows kmsg): encoded whole.
 				c.log.Warn("a rewritten fetch response could not be written in parts; encoding it whole", "err", err)

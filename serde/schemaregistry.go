@@ -152,7 +152,8 @@ func (s *schemaStage) Serialize(ctx context.Context, topic string, v any) (any, 
 // Deserialize decodes Confluent's wire format under the schema its id names
 // (read from the registry once, then cached): Avro into hamba/avro's
 // generic values (a record is a map[string]any), JSON Schema into
-// encoding/json's, Protobuf into a *dynamicpb.Message. nil stays nil.
+// encoding/json's with numbers as json.Number (exact: an integer beyond
+// 2^53 is not rounded), Protobuf into a *dynamicpb.Message. nil stays nil.
 // Errors wrap ErrSchema.
 func (s *schemaStage) Deserialize(ctx context.Context, topic string, v any) (any, error) {
 	b, err := asBytes(s.typ.String(), v)

@@ -67,7 +67,10 @@ kafka-avro-console-producer reads it; also what ferry consume prints: a
 union of null and one type as its plain value, RFC 3339 timestamps); for
 protobuf, protojson's mapping of
 the schema's first message; for json-schema, the JSON itself, checked
-against the schema. Such an input is read into memory (at most 256 MiB).`,
+against the schema. Such an input is read into memory (at most 256 MiB).
+Without large-message in value.serializers (avro alone), the encoded value
+is produced inline, and one that does not fit the topic is refused before
+it is sent.`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageErrorf("produce: name at least one FILE, or - for standard input (see ferry produce --help)")
@@ -135,9 +138,12 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 		}
 		fmt.Fprintf(a.stderr, "ferry: created topic %s with the broker's default partitions and replication\n", f.topic)
 	}
+	// value.serializers other than bytes (avro, protobuf, json-schema):
+	// each input is JSON, encoded through the chain.
+	encode := !s.cfg.ValueSerializers.PassesBytes()
 	// Fail before producing anything when a file must be offloaded and no
-	// store is set.
-	if !snd.hasStore {
+	// store is set (an encoded input's size is known only once encoded).
+	if !snd.hasStore && !encode {
 		l, cut := snd.cutoff(ctx, f.topic)
 		for _, in := range inputs {
 			if st, err := os.Stat(in); in != "-" && err == nil && st.Size() > cut {
@@ -145,9 +151,6 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 			}
 		}
 	}
-	// value.serializers other than bytes (avro, protobuf, json-schema):
-	// each input is JSON, encoded through the chain.
-	encode := !s.cfg.ValueSerializers.PassesBytes()
 	var done []sent
 	for _, in := range inputs {
 		if ctx.Err() != nil {
@@ -168,8 +171,15 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 				hs = fileNameHeaders(in) // ferry consume --out restores the name
 			}
 			var b []byte
-			if b, err = encodeInput(ctx, s.cfg.ValueSerializers, f.topic, in, a.stdin); err == nil {
-				res, err = snd.sendStdin(ctx, f.topic, in, key, bytes.NewReader(b), hs)
+			chain := s.cfg.ValueSerializers
+			if b, err = encodeInput(ctx, chain, f.topic, in, a.stdin); err == nil {
+				if chain.LargeMessage() {
+					// The chain offloaded what had to be: b is a
+					// reference or fits.
+					res, err = snd.sendStdin(ctx, f.topic, in, key, bytes.NewReader(b), hs)
+				} else {
+					res, err = snd.sendInline(ctx, f.topic, in, chain.String(), key, b, hs)
+				}
 			}
 		case in == "-":
 			if !f.keySet {

@@ -240,6 +240,29 @@ func (s *sender) cutoff(ctx context.Context, topic string) (largemessage.Limits,
 	return l, c
 }
 
+// sendInline produces value as it is, never offloaded: what a value chain
+// without a large-message stage wrote (value.serializers=avro). A record
+// that does not fit the topic inline (exact sizing, KIP-126) is refused
+// before it is sent, naming the stage that would offload it, instead of
+// failing at the broker with MESSAGE_TOO_LARGE.
+func (s *sender) sendInline(ctx context.Context, topic, name, chain string, key, value []byte, hs []kgo.RecordHeader) (sent, error) {
+	out := sent{Name: name, Size: int64(len(value)), SHA256: sha256.Sum256(value)}
+	l := s.prod.Limits(ctx, topic)
+	fits, err := s.codec.Fits(l, key, value, hs)
+	if err != nil {
+		return out, err
+	}
+	if !fits {
+		return out, fmt.Errorf("the encoded record (%d bytes) does not fit topic %s inline (limit %d bytes), and value.serializers %s has no large-message stage to offload it: use value.serializers=%s,large-message%w",
+			largemessage.RecordLen(key, value, hs), topic, l.Threshold, chain, chain, noText{largemessage.ErrRecordTooLarge})
+	}
+	d := s.deliver(ctx, &kgo.Record{Topic: topic, Key: key, Value: value, Headers: hs}, false)
+	if d.err != nil {
+		return out, d.err
+	}
+	return s.result(out, d.rec), nil
+}
+
 // sendBytes produces value through the Producer, which decides exactly
 // whether to offload.
 func (s *sender) sendBytes(ctx context.Context, topic, name string, key, value []byte, hs []kgo.RecordHeader) (sent, error) {

@@ -203,7 +203,12 @@ func (s *parsedSchema) decode(ctx context.Context, f Frame, lim Limits) (any, er
 			out, err = ruleNumbers(out)
 		}
 	case s.json != nil:
-		err = json.Unmarshal(f.Payload, &out)
+		// Numbers as json.Number: an id or an amount beyond 2^53 comes
+		// back exact, as Confluent's JsonNode keeps it, not rounded to
+		// the nearest float64.
+		d := json.NewDecoder(bytes.NewReader(f.Payload))
+		d.UseNumber()
+		err = d.Decode(&out)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidPayload, err)

@@ -1,0 +1,230 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/faultproxy"
+	"github.com/ferrykit/ferry/internal/storetest"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/proxy"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// A 1,000,000,000-byte record (the largest librdkafka allows), published by
+// `ferry produce` (the Go library's Serializer: it writes the payload's
+// CRC-32C) to the real S3 server, consumed through a `ferry proxy` process
+// with large-message on fetch by kcat and by franz-go, byte for byte: the
+// proxy streams the payload from S3 to each client's socket, so its peak
+// RSS stays within 128 MiB for one fetch and 256 MiB for four at once.
+// FERRY_PROXY_STREAM_BYTES overrides the size.
+func TestProxyStreamsOneGBRecord(t *testing.T) {
+	b := brokers(t)
+	raw := storetest.S3URL(t, "ferry-integration")
+	kcat := kcatPath(t)
+	size := int64(1_000_000_000)
+	if v := os.Getenv("FERRY_PROXY_STREAM_BYTES"); v != "" {
+		fmt.Sscan(v, &size)
+	}
+	topic := newTopic(t, nil)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "payload.bin")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	if _, err := io.CopyN(io.MultiWriter(f, h), rand.NewChaCha8([32]byte{4, 5, 6}), size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	want := h.Sum(nil)
+	bin := buildFerry(t)
+	if _, out := runFerry(t, bin, append([]string{"produce", "--brokers", b, "--topic", topic, "--store", raw, src}, slowStoreArgs...)...); !strings.Contains(out, "offloaded") {
+		t.Fatalf("produce output: %q", out)
+	}
+	os.Remove(src)
+	ref := consumeRaw(t, topic, 1)[0]
+	if _, ok := largemessage.PayloadCRC32C(ref); !ok || !largemessage.IsOffloaded(ref) {
+		t.Fatalf("the reference record has no ferry.payload.crc32c header: %v", ref.Headers)
+	}
+
+	p := startFerryProxy(t, bin, fmt.Sprintf(`
+upstream: %s
+listen: 127.0.0.1:0
+admin.listen: 127.0.0.1:0
+interceptors:
+  - name: large-message
+    config:
+      topic.pattern: %q
+      side: fetch
+      large.message.payload.store.url: %q
+      large.message.payload.store.timeout.ms: 900000
+      max.block.ms: 900000
+      max.poll.interval.ms: 900000
+`, b, topic, raw))
+	idle := p.peakRSS(t)
+
+	// kcat, through the proxy.
+	if got, n := kcatValueDigest(t, kcat, p.bootstrap, topic); n != size || !bytes.Equal(got, want) {
+		t.Fatalf("kcat read %d bytes (want %d), digest match %v", n, size, bytes.Equal(got, want))
+	}
+	peakKcat := p.peakRSS(t)
+
+	// franz-go, through the proxy.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.bootstrap), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxBytes(1<<30-1<<20), kgo.FetchMaxPartitionBytes(1<<30-1<<20), kgo.BrokerMaxReadBytes(1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	var rec *kgo.Record
+	for rec == nil && ctx.Err() == nil {
+		fs := cl.PollRecords(ctx, 1)
+		for _, e := range fs.Errors() {
+			t.Logf("franz-go fetch error (retried): %v", e.Err)
+		}
+		if rs := fs.Records(); len(rs) > 0 {
+			rec = rs[0]
+		}
+	}
+	cancel()
+	cl.Close()
+	if rec == nil {
+		t.Fatal("franz-go got no record through the proxy")
+	}
+	sum := sha256.Sum256(rec.Value)
+	if int64(len(rec.Value)) != size || !bytes.Equal(sum[:], want) || len(rec.Headers) != 1 || rec.Headers[0].Key != "ferry.file.name" {
+		t.Fatalf("franz-go read %d bytes (want %d), digest match %v, headers %v", len(rec.Value), size, bytes.Equal(sum[:], want), rec.Headers)
+	}
+	rec = nil
+	peakOne := p.peakRSS(t)
+	t.Logf("%d-byte record through the proxy: proxy peak RSS %.1f MiB idle, %.1f MiB after kcat, %.1f MiB after franz-go",
+		size, mib(idle), mib(peakKcat), mib(peakOne))
+	if peakOne > 128<<20 {
+		t.Fatalf("proxy peak RSS %.1f MiB for one streamed fetch: over 128 MiB", mib(peakOne))
+	}
+
+	// Four kcat consumers at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if got, n := kcatValueDigest(t, kcat, p.bootstrap, topic); n != size || !bytes.Equal(got, want) {
+				errs <- fmt.Errorf("kcat read %d bytes (want %d), digest match %v", n, size, bytes.Equal(got, want))
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	peakFour := p.peakRSS(t)
+	t.Logf("four at once: proxy peak RSS %.1f MiB", mib(peakFour))
+	if peakFour > 256<<20 {
+		t.Fatalf("proxy peak RSS %.1f MiB for four streamed fetches at once: over 256 MiB", mib(peakFour))
+	}
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
+
+// kcatValueDigest consumes the first record of topic with kcat and returns
+// the SHA-256 and length of its value, read from kcat's output as it comes
+// (not held).
+func kcatValueDigest(t *testing.T, kcat, bootstrap, topic string) ([]byte, int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, kcat, "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-c", "1", "-e", "-q", "-f", "%s",
+		"-X", "fetch.message.max.bytes=1000000000", "-X", "fetch.max.bytes=1100000000",
+		"-X", "receive.message.max.bytes=1200000000", "-X", "queued.max.messages.kbytes=2097151")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Error(err)
+		return nil, 0
+	}
+	if err := cmd.Start(); err != nil {
+		t.Error(err)
+		return nil, 0
+	}
+	h := sha256.New()
+	n, _ := io.Copy(h, out)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("kcat: %v\n%s", err, tail(errb.Bytes()))
+	}
+	return h.Sum(nil), n
+}
+
+// A store that fails mid-stream (S3 responses cut off after 64 KiB, through
+// internal/faultproxy, more often than a download resumes) closes the
+// consumer's connection before it has a whole batch, and the proxy keeps
+// serving: once the store is back, the same consumer reads the record.
+func TestProxyStreamStoreFailsMidStream(t *testing.T) {
+	b := brokers(t)
+	direct, via, fp := storetest.S3URLViaFaultProxy(t, "ferry-integration")
+	topic := newTopic(t, nil)
+	ctx := context.Background()
+	store, err := payloadstore.Open(ctx, direct, payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	value := make([]byte, 24<<20)
+	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{7}), value); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: topic, Value: value}
+	if _, err := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"}).Offload(ctx, rec, largemessage.DeriveLimits(0, 1<<20, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := client(t).ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(b), Interceptors: []interceptor.Spec{{Name: "large-message",
+		Config: map[string]string{"topic.pattern": topic, "side": "fetch", largemessage.KeyStoreURL: via}}}})
+	fp.SetCutAfter(64 << 10)
+	fp.Set(faultproxy.CutBody, -1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(64<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+	fs := cl.PollFetches(pctx)
+	cancel()
+	if n := len(fs.Records()); n != 0 {
+		t.Fatalf("the consumer got %d records while the store was cutting responses", n)
+	}
+	if fp.Count(faultproxy.CutBody) == 0 {
+		t.Fatal("no download reached the store while it was cutting responses")
+	}
+	fp.Set(faultproxy.Pass, -1)
+	pctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var got []*kgo.Record
+	for len(got) == 0 && pctx.Err() == nil {
+		got = append(got, cl.PollFetches(pctx).Records()...)
+	}
+	if len(got) != 1 || !bytes.Equal(got[0].Value, value) {
+		t.Fatalf("after the store came back: %d records", len(got))
+	}
+}
