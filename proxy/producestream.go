@@ -311,30 +311,31 @@ type batchReader struct {
 	segStart int // arena offset where the records not yet in segs start
 }
 
-// read reads the batch's records. corrupt: they do not parse (what is left
-// of the batch was read as it is).
+// read reads the batch's records. corrupt: they do not parse, or do not
+// fill the batch as its header says (what is left of it was read as it
+// is, so that the frame stays in step).
 func (b *batchReader) read() (corrupt bool, err error) {
-	p := b.p
-	for i := int32(0); i < b.count && b.left > 0; i++ {
+	read := int32(0)
+	for ; read < b.count && b.left > 0; read++ {
 		ok, err := b.record()
 		if err != nil {
 			return false, err
 		}
 		if !ok {
+			corrupt = true
 			break
 		}
 	}
-	if b.left != 0 || b.count < 0 {
-		// Records that do not fill the batch, or run past it: the rest
-		// is read as it is (the frame stays in step).
-		if b.left > 0 {
-			if _, err := p.take(b.left); err != nil {
-				return false, err
-			}
-		}
-		return true, nil
+	if read != b.count || b.left != 0 {
+		corrupt = true
 	}
-	return false, nil
+	if b.left > 0 {
+		if _, err := b.p.take(b.left); err != nil {
+			return false, err
+		}
+		b.left = 0
+	}
+	return corrupt, nil
 }
 
 // record reads one record; false: it does not parse (the batch is corrupt,
