@@ -84,11 +84,43 @@ type produceEnv struct {
 
 // recordsField is a partition's records field whose batches were written
 // again: arena[prefix:end] is the field as it came (length prefix, then
-// content), pieces its new content.
+// content), content its new content.
 type recordsField struct {
 	prefix, end int
-	pieces      [][]byte // content (arena ranges are taken at the end)
-	ranges      [][2]int // for each piece: the arena range it is, or {-1,-1}
+	content     pieces
+}
+
+// pieces are bytes to send, in order: ranges of the arena (bytes as they
+// came; offsets, since the arena moves as it grows) and bytes written
+// again.
+type pieces []piece
+
+type piece struct {
+	from, to int    // arena[from:to], when b is nil
+	b        []byte // bytes written again
+}
+
+func (ps pieces) size() int {
+	n := 0
+	for _, pc := range ps {
+		if pc.b != nil {
+			n += len(pc.b)
+		} else {
+			n += pc.to - pc.from
+		}
+	}
+	return n
+}
+
+func (ps pieces) appendTo(dst, arena []byte) []byte {
+	for _, pc := range ps {
+		if pc.b != nil {
+			dst = append(dst, pc.b...)
+		} else {
+			dst = append(dst, arena[pc.from:pc.to]...)
+		}
+	}
+	return dst
 }
 
 // readProduce reads a Produce frame of size bytes (after its prefix),
@@ -237,22 +269,16 @@ func (p *produceReader) records(topic string, vs interceptor.ValueStreamer, flex
 		n -= used
 		if out != nil {
 			rewritten = true
-			f.add(nil, [2]int{start, batchStart})
-			f.add(out, [2]int{-1, -1})
+			f.content = append(f.content, piece{from: start, to: batchStart}, piece{b: out})
 			start = len(p.arena)
 		}
 	}
 	if rewritten {
-		f.add(nil, [2]int{start, len(p.arena)})
+		f.content = append(f.content, piece{from: start, to: len(p.arena)})
 		f.end = len(p.arena)
 		p.fields = append(p.fields, f)
 	}
 	return nil
-}
-
-func (f *recordsField) add(b []byte, r [2]int) {
-	f.pieces = append(f.pieces, b)
-	f.ranges = append(f.ranges, r)
 }
 
 // batch reads one batch of at most rest bytes. It returns the batch
@@ -305,10 +331,9 @@ type batchReader struct {
 	lim      interceptor.TopicLimit
 	left     int64 // bytes of the batch's records not read yet
 	count    int32
-	streamed bool     // a value went to the store
-	segs     [][]byte // the records as they are to be sent, with arena ranges as segRanges
-	segRange [][2]int
-	segStart int // arena offset where the records not yet in segs start
+	streamed bool   // a value went to the store
+	records  pieces // the records as they are to be sent, up to segStart
+	segStart int    // arena offset where the records not yet in records start
 }
 
 // read reads the batch's records. corrupt: they do not parse, or do not
@@ -432,8 +457,7 @@ func (b *batchReader) record() (bool, error) {
 	}
 	rec := kbin.AppendVarint(make([]byte, 0, len(body)+5), int32(len(body)))
 	rec = append(rec, body...)
-	b.segs = append(b.segs, nil, rec)
-	b.segRange = append(b.segRange, [2]int{b.segStart, recOff}, [2]int{-1, -1})
+	b.records = append(b.records, piece{from: b.segStart, to: recOff}, piece{b: rec})
 	b.segStart = len(p.arena)
 	return true, nil
 }
@@ -524,31 +548,15 @@ func (s *socketBody) done() {
 	}
 }
 
-// rewrite returns the batch with its records as segs say: the header as
-// it came with a new length and CRC-32C (one that does not match when
+// rewrite returns the batch with its records as b.records say: the header
+// as it came with a new length and CRC-32C (one that does not match when
 // corrupt).
 func (b *batchReader) rewrite(hdr [batchHeaderLen]byte, corrupt bool) []byte {
-	p := b.p
-	b.segs = append(b.segs, nil)
-	b.segRange = append(b.segRange, [2]int{b.segStart, len(p.arena)})
-	n := batchHeaderLen
-	for i, s := range b.segs {
-		if r := b.segRange[i]; r[0] >= 0 {
-			n += r[1] - r[0]
-		} else {
-			n += len(s)
-		}
-	}
-	out := make([]byte, 0, n)
+	recs := append(b.records, piece{from: b.segStart, to: len(b.p.arena)})
+	out := make([]byte, 0, batchHeaderLen+recs.size())
 	out = append(out, hdr[:]...)
-	for i, s := range b.segs {
-		if r := b.segRange[i]; r[0] >= 0 {
-			out = append(out, p.arena[r[0]:r[1]]...)
-		} else {
-			out = append(out, s...)
-		}
-	}
-	binary.BigEndian.PutUint32(out[batchLenOffset:], uint32(n-12))
+	out = recs.appendTo(out, b.p.arena)
+	binary.BigEndian.PutUint32(out[batchLenOffset:], uint32(len(out)-12))
 	crc := crc32.Checksum(out[batchAttrOffset:], crc32c)
 	if corrupt {
 		crc = ^crc
@@ -602,15 +610,7 @@ func (p *produceReader) frame() ([]byte, error) {
 	}
 	n := len(p.arena)
 	for _, f := range p.fields {
-		n -= f.end - f.prefix
-		n += 5
-		for i, s := range f.pieces {
-			if r := f.ranges[i]; r[0] >= 0 {
-				n += r[1] - r[0]
-			} else {
-				n += len(s)
-			}
-		}
+		n += 5 + f.content.size() - (f.end - f.prefix)
 	}
 	if err := p.env.mem.TakeUnqueued(p.env.ctx, int64(n)); err != nil {
 		return nil, err
@@ -620,26 +620,12 @@ func (p *produceReader) frame() ([]byte, error) {
 	prev := 0
 	for _, f := range p.fields {
 		out = append(out, p.arena[prev:f.prefix]...)
-		size := 0
-		for i, s := range f.pieces {
-			if r := f.ranges[i]; r[0] >= 0 {
-				size += r[1] - r[0]
-			} else {
-				size += len(s)
-			}
-		}
 		if p.h.Flexible {
-			out = kbin.AppendUvarint(out, uint32(size+1))
+			out = kbin.AppendUvarint(out, uint32(f.content.size()+1))
 		} else {
-			out = kbin.AppendInt32(out, int32(size))
+			out = kbin.AppendInt32(out, int32(f.content.size()))
 		}
-		for i, s := range f.pieces {
-			if r := f.ranges[i]; r[0] >= 0 {
-				out = append(out, p.arena[r[0]:r[1]]...)
-			} else {
-				out = append(out, s...)
-			}
-		}
+		out = f.content.appendTo(out, p.arena)
 		prev = f.end
 	}
 	out = append(out, p.arena[prev:]...)
