@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -38,8 +39,9 @@ func init() { Register("large-message", newLargeMessageFromConfig) }
 // since the proxy's clients are untrusted), and then it is copied.
 type LargeMessage struct {
 	pattern   *regexp.Regexp
-	threshold int64 // large.message.threshold.bytes; 0 derives it
-	stream    int64 // large.message.stream.threshold.bytes
+	threshold int64         // large.message.threshold.bytes; 0 derives it
+	stream    int64         // large.message.stream.threshold.bytes
+	stall     time.Duration // large.message.payload.store.timeout.ms
 	sers      map[string]*largemessage.Serializer
 	de        *largemessage.Deserializer
 	store     payloadstore.PayloadStore
@@ -85,7 +87,7 @@ func (l *LargeMessage) WithTracer(t *observe.Tracer) *LargeMessage {
 // setting and reference rules (CopyTopics, ResolveTopics), for topics
 // matching pattern.
 func NewLargeMessage(store payloadstore.PayloadStore, cfg largemessage.Config, pattern *regexp.Regexp) *LargeMessage {
-	l := &LargeMessage{pattern: pattern, threshold: cfg.Threshold, store: store,
+	l := &LargeMessage{pattern: pattern, threshold: cfg.Threshold, store: store, stall: cfg.Policy.Timeout,
 		sers: map[string]*largemessage.Serializer{},
 		de:   cfg.NewDeserializer(store)}
 	for _, c := range codecNames {
@@ -240,6 +242,13 @@ func storeErr(err error) error {
 // threshold, measured exactly with the batch's codec: r gets its final
 // references at once, and the publishing is deferred until the batch fits.
 func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
+	if v, err := l.streamed(ctx, r); v != nil || err != nil {
+		// Published as it arrived (StreamValue): its reference stands.
+		if err == nil {
+			r.Defer(v)
+		}
+		return err
+	}
 	// Most records carry no reference and fit: decided on the record's
 	// headers and length alone, before it is copied into a kgo.Record (a
 	// copy that escapes costs an allocation per record). This is the
@@ -262,6 +271,9 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 // Shrink plans the offload of r's value whatever its size (BatchShrinker),
 // unless it is null or already a reference.
 func (l *LargeMessage) Shrink(ctx context.Context, r *Record) (bool, error) {
+	if v, err := l.streamed(ctx, r); v != nil || err != nil {
+		return false, err // already a reference
+	}
 	before := len(r.Value)
 	err := l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
 		return ser.PlanValue(ctx, kr, l.limits(r))

@@ -230,6 +230,12 @@ func (c Codec) Fits(l Limits, key, value []byte, headers []kgo.RecordHeader) (bo
 	return n <= l.Threshold, nil
 }
 
+// FitsLen is Fits for a record known only by its length u (RecordLen),
+// such as one whose value has not arrived yet: decided is false when its
+// length alone cannot decide (a compressed batch whose records the broker
+// keeps as the client compressed them).
+func (c Codec) FitsLen(l Limits, u int64) (fits, decided bool) { return c.fitsBySize(l, u) }
+
 // fitsBySize is the part of Fits that needs no compression: whether a
 // record of u bytes (RecordLen) fits l, when its length alone decides
 // (decided); otherwise the record must be compressed and measured.

@@ -200,14 +200,43 @@ func (s *BlobStore) Close() error {
 // Root returns the URL prefix of every full path of this store.
 func (s *BlobStore) Root() Root { return s.root }
 
-// onePass is false: the object's ferry-sha256 metadata is set when the
-// upload starts, so an Unhashed payload is hashed first.
-func (s *BlobStore) onePass(Payload) bool { return false }
+// onePass is false for a payload that can be read twice: the object's
+// ferry-sha256 metadata is set when the upload starts, so an Unhashed
+// payload is hashed first. A ReadOnce payload (a value streamed from a
+// client's socket) is written in one pass, without that metadata: nothing
+// in Ferry reads it (references carry the digest in their
+// ferry.payload.sha256 header, and readers check the bytes they download
+// against it), so an object without it is read like any other.
+func (s *BlobStore) onePass(p Payload) bool { return p.ReadOnce && (p.ID != "" || randomIDs(s.gen)) }
+
+// MaxStreamUploadBuffer bounds the part buffers of a ReadOnce upload (a
+// value streamed from a proxy client, fed at the client's pace, where
+// large parts and many in flight gain nothing): such an upload uses parts
+// of S3's smallest size (5 MiB), at most MaxStreamUploadBuffer / 5 MiB of
+// them in flight (2), below large.message.payload.store.upload.concurrency.
+// (The S3 uploader holds one more part being filled, and reads the first
+// 16 MiB whole to choose between one PUT and a multipart upload.)
+const MaxStreamUploadBuffer = 10 << 20
+
+// ReadOnceUploadBytes is the most memory one ReadOnce upload holds in
+// any store of this package: the S3 uploader's first read (16 MiB, whole,
+// to choose between one PUT and a multipart upload) and its part buffers
+// (MaxStreamUploadBuffer, plus the part being filled). The proxy charges
+// it to proxy.memory.max.bytes for each value it streams.
+const ReadOnceUploadBytes = 16<<20 + MaxStreamUploadBuffer + minPartSizeBytes
+
+// streamUploadParts returns the part size and parts in flight of a
+// ReadOnce upload (MaxStreamUploadBuffer).
+func streamUploadParts(concurrency int) (partSize, inFlight int) {
+	return minPartSizeBytes, max(1, min(concurrency, MaxStreamUploadBuffer/minPartSizeBytes))
+}
 
 func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (PayloadResponse, error) {
 	var err error
-	if p, err = hashFirst(ctx, p); err != nil {
-		return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(topic), Retryable: !errors.Is(err, ErrPayloadChanged), Err: err}
+	if !s.onePass(p) {
+		if p, err = hashFirst(ctx, p); err != nil {
+			return PayloadResponse{}, &Error{Op: "publish", Path: s.root.Path(topic), Retryable: !errors.Is(err, ErrPayloadChanged) && !errors.Is(err, ErrNotRewindable), Err: err}
+		}
 	}
 	key, err := objectKey(topic, objectID(s.gen, p))
 	if err != nil {
@@ -222,11 +251,19 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	// nothing half-written ever appears under key.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var meta map[string]string
+	if !p.Unhashed {
+		meta = map[string]string{"ferry-sha256": p.HexSHA256()}
+	}
+	partSize, concurrency := s.partSize, s.concurrency
+	if p.ReadOnce {
+		partSize, concurrency = streamUploadParts(s.concurrency)
+	}
 	w, err := s.bucket.NewWriter(wctx, key, &blob.WriterOptions{
-		BufferSize:     s.partSize,
-		MaxConcurrency: s.concurrency,
+		BufferSize:     partSize,
+		MaxConcurrency: concurrency,
 		ContentType:    "application/octet-stream",
-		Metadata:       map[string]string{"ferry-sha256": p.HexSHA256()},
+		Metadata:       meta,
 	})
 	if err != nil {
 		return PayloadResponse{}, s.fail("publish", full, err)

@@ -85,7 +85,7 @@ type encryptedStore struct {
 // same bytes each time).
 func (e *encryptedStore) onePass(p Payload) bool {
 	inner, ok := e.PayloadStore.(hashingStore)
-	return ok && inner.onePass(Payload{ID: "sealed", Unhashed: true}) && (p.ID != "" || randomIDs(e.enc.IDGenerator))
+	return ok && inner.onePass(Payload{ID: "sealed", Unhashed: true, ReadOnce: p.ReadOnce}) && (p.ID != "" || randomIDs(e.enc.IDGenerator))
 }
 
 func (e *encryptedStore) Close() error {
@@ -129,7 +129,7 @@ func (e *encryptedStore) seal(ctx context.Context, topic, key, id string, size i
 		body.want = &want.SHA256
 	}
 	defer body.stop()
-	resp, err := e.PayloadStore.Publish(ctx, topic, Payload{Body: body, Size: sealer.SealedSize(size), Unhashed: true, ID: id, uncheckedDigest: true})
+	resp, err := e.PayloadStore.Publish(ctx, topic, Payload{Body: body, Size: sealer.SealedSize(size), Unhashed: true, ReadOnce: want.ReadOnce, ID: id, uncheckedDigest: true})
 	if err != nil {
 		// The sealing side's error says more than the store's read
 		// error it caused (a plaintext of the wrong size).

@@ -27,6 +27,11 @@ var (
 	// from the payload's Size or SHA256 (its source changed during the
 	// upload); the object has been deleted and nothing references it.
 	ErrPayloadChanged = errors.New("payload changed while it was being published")
+	// ErrNotRewindable: a ReadOnce payload (OncePayload) would have to be
+	// read again: a retry after part of it was read, or a store that
+	// hashes a payload before it writes it (a content id from
+	// large.message.payload.id.generator=sha256). Never retryable.
+	ErrNotRewindable = errors.New("a read-once payload cannot be read again")
 	// ErrInvalidConfig: the store URL or its settings are wrong (malformed
 	// URL, no bucket, credentials in the URL, a bad prefix or parameter, a
 	// part size below the minimum, a missing bucket). Another attempt will

@@ -9,6 +9,7 @@ import (
 	"hash"
 	"io"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 )
 
@@ -93,6 +94,57 @@ func (w *policyStore) withTimeout(ctx context.Context) (context.Context, context
 	return context.WithCancel(ctx)
 }
 
+// ErrNoProgress is the cause of a ReadOnce publish ended because its
+// body gave no byte for large.message.payload.store.timeout.ms (a client
+// that stopped sending mid-value, or a store that stopped taking parts).
+var ErrNoProgress = fmt.Errorf("%w: no progress for large.message.payload.store.timeout.ms", context.DeadlineExceeded)
+
+// withProgress bounds a ReadOnce publish by the time between two reads of
+// pl's body (whose Body it wraps to see them), rather than by the whole
+// call: the returned context ends with ErrNoProgress once the body has
+// not been read for the policy's Timeout.
+func (w *policyStore) withProgress(ctx context.Context, pl *Payload) (context.Context, context.CancelFunc) {
+	if w.p.Timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	pb := &progressBody{ReadSeeker: pl.Body}
+	pb.last.Store(time.Now().UnixNano())
+	pl.Body = pb
+	stop := make(chan struct{})
+	tick := max(w.p.Timeout/8, time.Millisecond)
+	go func() {
+		t := time.NewTicker(tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				if now.Sub(time.Unix(0, pb.last.Load())) > w.p.Timeout {
+					cancel(ErrNoProgress)
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() { close(stop); cancel(nil) }
+}
+
+// progressBody notes when its body was last read.
+type progressBody struct {
+	io.ReadSeeker
+	last atomic.Int64 // unix nanoseconds
+}
+
+func (b *progressBody) Read(p []byte) (int, error) {
+	n, err := b.ReadSeeker.Read(p)
+	b.last.Store(time.Now().UnixNano())
+	return n, err
+}
+
 // retry runs op until it succeeds, fails fatally, runs out of attempts or
 // ctx ends.
 func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error) {
@@ -131,9 +183,23 @@ func retry[T any](ctx context.Context, p Policy, op func() (T, error)) (T, error
 }
 
 func (w *policyStore) Publish(ctx context.Context, topic string, pl Payload) (PayloadResponse, error) {
-	ctx, cancel := w.withTimeout(ctx)
-	defer cancel()
 	hs, own := w.PayloadStore.(hashingStore)
+	policy := w.p
+	var cancel context.CancelFunc
+	if pl.ReadOnce {
+		if !own || !hs.onePass(pl) {
+			return PayloadResponse{}, &Error{Op: "publish", Path: topic,
+				Err: fmt.Errorf("%w: the %s store needs the payload's SHA-256 before it writes it (a content id, or a store from outside this package)", ErrNotRewindable, w.Class())}
+		}
+		// One attempt, bounded by the time between two reads of the
+		// body: a payload fed at a client's pace may take longer than
+		// the whole-call bound, and a stalled client ends the upload.
+		policy.RetryCount = 0
+		ctx, cancel = w.withProgress(ctx, &pl)
+	} else {
+		ctx, cancel = w.withTimeout(ctx)
+	}
+	defer cancel()
 	if pl.Unhashed && !(own && hs.onePass(pl)) {
 		// The id or the store needs the digest before the bytes are
 		// written: a pass to hash them first.
@@ -157,10 +223,13 @@ func (w *policyStore) Publish(ctx context.Context, topic string, pl Payload) (Pa
 		hb = &hashingBody{body: pl.Body, h: sha256.New()}
 		pl.Body = hb
 	}
-	resp, err := retry(ctx, w.p, func() (PayloadResponse, error) {
+	resp, err := retry(ctx, policy, func() (PayloadResponse, error) {
 		return w.PayloadStore.Publish(ctx, topic, pl)
 	})
 	if err != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, ErrNoProgress) {
+			err = &Error{Op: "publish", Path: topic, Retryable: true, Err: errors.Join(cause, err)}
+		}
 		return PayloadResponse{}, err
 	}
 	switch {

@@ -39,6 +39,15 @@ type Payload struct {
 	// outside this package, behind Wrap) hashes Body first: OnePass says
 	// which.
 	Unhashed bool
+	// ReadOnce (with Unhashed; OncePayload) says Body can be read once,
+	// from its start to its end, and never again (a client's socket):
+	// Publish makes one attempt (no whole-payload retry: a cloud upload
+	// still retries its parts, which its uploader buffers), bounds the
+	// time between two reads of Body instead of the whole publish by
+	// large.message.payload.store.timeout.ms, and fails with
+	// ErrNotRewindable, reading nothing, when the store needs the digest
+	// before it writes (a content id; see OnePass).
+	ReadOnce bool
 	// ID, when set, names the object instead of the store's ID(payload); the
 	// serializer sets it to the content id for offloaded keys, so that equal
 	// key bytes always give the same reference (partitioning, compaction).
@@ -62,6 +71,36 @@ func BytesPayload(b []byte) Payload {
 // nothing is left at the object's path.
 func StreamPayload(body io.ReadSeeker, size int64) Payload {
 	return Payload{Body: body, Size: size, Unhashed: true}
+}
+
+// OncePayload returns a ReadOnce, Unhashed Payload of the size bytes r
+// yields (a value as it arrives from a client's socket): the store hashes
+// it as it writes it, and the digest comes back in PayloadResponse.SHA256.
+// r must end after size bytes (io.LimitReader): a store reads up to the
+// end to check the size. An r that ends early fails the publish with
+// ErrPayloadChanged, and nothing is left at the object's path.
+func OncePayload(r io.Reader, size int64) Payload {
+	return Payload{Body: &onceBody{r: r}, Size: size, Unhashed: true, ReadOnce: true}
+}
+
+// onceBody is the Body of a ReadOnce payload: a seek to its start is
+// allowed only before the first byte is read.
+type onceBody struct {
+	r io.Reader
+	n int64
+}
+
+func (b *onceBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	return n, err
+}
+
+func (b *onceBody) Seek(off int64, whence int) (int64, error) {
+	if b.n == 0 && off == 0 && (whence == io.SeekStart || whence == io.SeekCurrent) {
+		return 0, nil
+	}
+	return b.n, fmt.Errorf("%w (%d bytes already read)", ErrNotRewindable, b.n)
 }
 
 // OnePass reports whether s publishes p, an Unhashed payload, in one pass
@@ -104,6 +143,9 @@ func randomIDs(gen IDGenerator) bool {
 func hashFirst(ctx context.Context, p Payload) (Payload, error) {
 	if !p.Unhashed {
 		return p, nil
+	}
+	if p.ReadOnce {
+		return p, fmt.Errorf("%w: the store needs the payload's SHA-256 before it writes it (a content id)", ErrNotRewindable)
 	}
 	if _, err := p.Body.Seek(0, io.SeekStart); err != nil {
 		return p, err

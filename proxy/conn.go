@@ -62,6 +62,9 @@ type inflight struct {
 	// frameFree: once written, nothing reads the broker's response frame
 	// any more (it goes back to its pool).
 	frameFree bool
+	// streams: a Produce request's values that went to the store as they
+	// arrived (producestream.go); the chain defers them like its own.
+	streams *interceptor.Streams
 	// gen: the interceptor chain in force when the request was read, which
 	// also handles its response (hot reload); held from enqueue to drop.
 	gen     *chainGen
@@ -376,14 +379,29 @@ func (c *conn) readRequest() bool {
 		// payloads) for a request that may never be forwarded.
 		return false
 	}
-	frame, release, err := c.readWhole(size)
+	var frame []byte
+	var release func()
+	var streams *interceptor.Streams // values read as streams (producestream.go)
+	if err == nil && h.Key == keyProduce && h.Version >= 3 && g.hasProduce() && size >= minStreamedFrame {
+		frame, release, streams, err = c.readProduce(h, size, g)
+	} else {
+		frame, release, err = c.readWhole(size)
+	}
 	if err != nil {
-		c.readError(err)
+		if errors.Is(err, errProduceFrame) {
+			c.fail("malformed", "bad Produce request from client", err)
+		} else {
+			c.readError(err)
+		}
 		return false
 	}
 	c.firstRequestDone()
-	ok := c.handleWhole(frame, g)
+	ok := c.handleWhole(frame, g, streams)
 	release()
+	// Streamed values whose records the chain did not take (a refused
+	// partition, a request that never reached it) are referenced by
+	// nothing.
+	streams.AbortUncommitted(c.ctx)
 	c.s.collectLarge(int64(size))
 	return ok
 }
@@ -453,8 +471,9 @@ func (c *conn) readWhole(size int32) ([]byte, func(), error) {
 	return frame, release, nil
 }
 
-// handleWhole handles a request read whole.
-func (c *conn) handleWhole(frame []byte, g *chainGen) bool {
+// handleWhole handles a request read whole; streams are the values of a
+// Produce request that went to the store as they arrived (nil: none).
+func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Streams) bool {
 	c.s.m.bytesIn.Add(float64(len(frame)))
 	c.active.Store(time.Now().UnixNano())
 	h, err := ParseRequestHeader(frame[4:])
@@ -472,7 +491,7 @@ func (c *conn) handleWhole(frame []byte, g *chainGen) bool {
 		expectResponse = acks != 0
 	}
 	c.s.m.request(h.Key)
-	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version, g), gen: g}
+	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version, g), gen: g, streams: streams}
 	switch h.Key {
 	case keySASLHandshake:
 		c.auth.handshake(h.Version, frame[4+h.Len:])

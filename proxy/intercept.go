@@ -283,6 +283,9 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		return nil, false, err
 	}
 	ctx, stop := c.watchClient()
+	if f.streams != nil {
+		ctx = interceptor.WithStreams(ctx, f.streams)
+	}
 	res := f.gen.chain.InterceptProduce(ctx, req, c.s.ic.maxMessageBytes)
 	stop()
 	defer res.Release()
