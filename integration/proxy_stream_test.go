@@ -118,15 +118,34 @@ interceptors:
 		t.Fatalf("proxy peak RSS %.1f MiB for one streamed fetch: over 128 MiB", mib(peakOne))
 	}
 
-	// Four kcat consumers at once.
+	// Four kcat consumers at once, of a second record of 200 MB: a
+	// stream's memory does not grow with its record (so the bound is the
+	// same as for 1 GB ones), and four 1 GB values would hold 4 GB in the
+	// kcat processes. scripts/bench huge runs four 1 GB records.
+	const size2 = 200_000_000
+	src2 := filepath.Join(dir, "payload2.bin")
+	f2, err := os.Create(src2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := sha256.New()
+	if _, err := io.CopyN(io.MultiWriter(f2, h2), rand.NewChaCha8([32]byte{7, 8, 9}), size2); err != nil {
+		t.Fatal(err)
+	}
+	f2.Close()
+	want2 := h2.Sum(nil)
+	if _, out := runFerry(t, bin, append([]string{"produce", "--brokers", b, "--topic", topic, "--store", raw, src2}, slowStoreArgs...)...); !strings.Contains(out, "offloaded") {
+		t.Fatalf("produce output: %q", out)
+	}
+	os.Remove(src2)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if got, n := kcatValueDigest(t, kcat, p.bootstrap, topic); n != size || !bytes.Equal(got, want) {
-				errs <- fmt.Errorf("kcat read %d bytes (want %d), digest match %v", n, size, bytes.Equal(got, want))
+			if got, n := kcatValueDigestAt(t, kcat, p.bootstrap, topic, "1"); n != size2 || !bytes.Equal(got, want2) {
+				errs <- fmt.Errorf("kcat read %d bytes (want %d), digest match %v", n, size2, bytes.Equal(got, want2))
 			}
 		}()
 	}
@@ -149,9 +168,15 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // (not held).
 func kcatValueDigest(t *testing.T, kcat, bootstrap, topic string) ([]byte, int64) {
 	t.Helper()
+	return kcatValueDigestAt(t, kcat, bootstrap, topic, "beginning")
+}
+
+// kcatValueDigestAt is kcatValueDigest from offset (kcat's -o).
+func kcatValueDigestAt(t *testing.T, kcat, bootstrap, topic, offset string) ([]byte, int64) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, kcat, "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-c", "1", "-e", "-q", "-f", "%s",
+	cmd := exec.CommandContext(ctx, kcat, "-C", "-b", bootstrap, "-t", topic, "-o", offset, "-c", "1", "-e", "-q", "-f", "%s",
 		"-X", "fetch.message.max.bytes=1000000000", "-X", "fetch.max.bytes=1100000000",
 		"-X", "receive.message.max.bytes=1200000000", "-X", "queued.max.messages.kbytes=2097151")
 	var errb bytes.Buffer
