@@ -232,19 +232,9 @@ func (p *produceReader) read() error {
 // stream values of its batches.
 func (p *produceReader) records(topic string, vs interceptor.ValueStreamer, flex bool) error {
 	prefix := len(p.arena)
-	var n int64
-	if flex {
-		u, err := p.uvarint()
-		if err != nil {
-			return err
-		}
-		n = int64(u) - 1
-	} else {
-		off, err := p.take(4)
-		if err != nil {
-			return err
-		}
-		n = int64(int32(binary.BigEndian.Uint32(p.arena[off:])))
+	n, err := p.length(flex, 4)
+	if err != nil {
+		return err
 	}
 	if n <= 0 { // null or empty
 		return nil
@@ -704,21 +694,31 @@ func (p *produceReader) uvarintMax(max int, limit int64) (uint32, error) {
 	return 0, fmt.Errorf("%w: a malformed varint", errProduceFrame)
 }
 
-// arrayLen reads an array's length (0 for null).
-func (p *produceReader) arrayLen(flex bool) (int, error) {
-	var n int64
+// length reads a length prefix: a compact one (uvarint, less 1; -1 for
+// null) when flex, else a signed big-endian int of width 2 or 4 bytes.
+func (p *produceReader) length(flex bool, width int64) (int64, error) {
 	if flex {
 		u, err := p.uvarint()
 		if err != nil {
 			return 0, err
 		}
-		n = int64(u) - 1
-	} else {
-		off, err := p.take(4)
-		if err != nil {
-			return 0, err
-		}
-		n = int64(int32(binary.BigEndian.Uint32(p.arena[off:])))
+		return int64(u) - 1, nil
+	}
+	off, err := p.take(width)
+	if err != nil {
+		return 0, err
+	}
+	if width == 2 {
+		return int64(int16(binary.BigEndian.Uint16(p.arena[off:]))), nil
+	}
+	return int64(int32(binary.BigEndian.Uint32(p.arena[off:]))), nil
+}
+
+// arrayLen reads an array's length (0 for null).
+func (p *produceReader) arrayLen(flex bool) (int, error) {
+	n, err := p.length(flex, 4)
+	if err != nil {
+		return 0, err
 	}
 	if n > p.left {
 		return 0, fmt.Errorf("%w: an array of %d elements, %d bytes left", errProduceFrame, n, p.left)
@@ -728,24 +728,14 @@ func (p *produceReader) arrayLen(flex bool) (int, error) {
 
 // str reads a (nullable, compact when flex) string.
 func (p *produceReader) str(flex bool) error {
-	var n int64
-	if flex {
-		u, err := p.uvarint()
-		if err != nil {
-			return err
-		}
-		n = int64(u) - 1
-	} else {
-		off, err := p.take(2)
-		if err != nil {
-			return err
-		}
-		n = int64(int16(binary.BigEndian.Uint16(p.arena[off:])))
+	n, err := p.length(flex, 2)
+	if err != nil {
+		return err
 	}
 	if n <= 0 {
 		return nil
 	}
-	_, err := p.take(n)
+	_, err = p.take(n)
 	return err
 }
 
