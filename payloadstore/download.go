@@ -117,7 +117,8 @@ type rangedReader struct {
 	slots  chan []byte     // free buffers; one token per part in flight
 	wg     sync.WaitGroup
 
-	charged atomic.Int64 // bytes of buffers charged to s.budget
+	charged   atomic.Int64 // bytes of buffers charged to s.budget
+	scheduled atomic.Bool  // every range has been started: a used buffer is not needed again
 
 	cur *rangePart
 	pos int   // bytes of cur already read
@@ -152,6 +153,7 @@ func newRangedReader(ctx context.Context, s *BlobStore, key, full string, first 
 func (rr *rangedReader) schedule(first *blob.Reader) {
 	defer rr.wg.Done()
 	defer close(rr.parts)
+	defer rr.scheduled.Store(true)
 	defer func() {
 		if first != nil {
 			first.Close()
@@ -275,7 +277,16 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 	}
 	for rr.cur == nil || rr.pos == len(rr.cur.buf) {
 		if rr.cur != nil {
-			rr.slots <- rr.cur.buf // never blocks: tokens are conserved
+			buf := rr.cur.buf
+			if rr.scheduled.Load() {
+				// No range is left to read into it: give it back now
+				// rather than at Close (a streamed value's download
+				// may be held long after it was read, until the rest
+				// of its response has been written).
+				rr.release(buf)
+				buf = nil
+			}
+			rr.slots <- buf // never blocks: tokens are conserved
 			rr.cur = nil
 		}
 		p, ok := <-rr.parts
@@ -307,17 +318,31 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// Close stops the fetches still in flight and waits for them.
+// release gives back a used buffer's charge.
+func (rr *rangedReader) release(buf []byte) {
+	if n := int64(cap(buf)); n > 0 && rr.s.budget.Give != nil && rr.charged.Add(-n) >= 0 {
+		rr.s.budget.Give(n)
+	}
+}
+
+// Close stops the fetches still in flight and waits for them. It drops
+// the reader's buffers as it gives back their charge, so that the memory
+// is the collector's as soon as the budget counts it free, even while
+// the reader itself is still referenced.
 func (rr *rangedReader) Close() error {
 	rr.cancel()
 	rr.wg.Wait()
 	if rr.cur != nil && rr.cur.rc != nil {
 		rr.cur.rc.Close()
 	}
+	rr.cur = nil
 	for p := range rr.parts { // a stream part not yet reached
 		if p.rc != nil {
 			p.rc.Close()
 		}
+	}
+	for len(rr.slots) > 0 {
+		<-rr.slots
 	}
 	if n := rr.charged.Swap(0); n > 0 {
 		rr.s.budget.Give(n)
