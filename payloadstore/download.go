@@ -117,6 +117,10 @@ type rangedReader struct {
 	slots  chan []byte     // free buffers; one token per part in flight
 	wg     sync.WaitGroup
 
+	// start, when set, is closed by the first Read (or Close): a
+	// streamed download takes no buffer before its client reads it.
+	start     chan struct{}
+	startOnce sync.Once
 	charged   atomic.Int64 // bytes of buffers charged to s.budget
 	scheduled atomic.Bool  // every range has been started: a used buffer is not needed again
 
@@ -144,6 +148,13 @@ func newRangedReader(ctx context.Context, s *BlobStore, key, full string, first 
 	for range conc {
 		rr.slots <- nil // buffers are made when first needed
 	}
+	if streaming(ctx) {
+		// A streamed value's download is opened when its response is
+		// built and read only when the proxy writes it, after the values
+		// before it: its read-ahead starts then, so that the downloads
+		// of a response's later values hold no memory meanwhile.
+		rr.start = make(chan struct{})
+	}
 	rr.wg.Add(1)
 	go rr.schedule(first)
 	return rr
@@ -159,6 +170,13 @@ func (rr *rangedReader) schedule(first *blob.Reader) {
 			first.Close()
 		}
 	}()
+	if rr.start != nil {
+		select {
+		case <-rr.start:
+		case <-rr.ctx.Done():
+			return
+		}
+	}
 	part := int64(rr.part)
 	for off := int64(0); off < rr.size; {
 		var buf []byte
@@ -257,6 +275,7 @@ func (rr *rangedReader) fetch(p *rangePart, r *blob.Reader) {
 }
 
 func (rr *rangedReader) Read(b []byte) (int, error) {
+	rr.begin()
 	if rr.err != nil {
 		return 0, rr.err
 	}
@@ -316,6 +335,13 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 	rr.pos += n
 	rr.off += int64(n)
 	return n, nil
+}
+
+// begin lets a streamed download's fetches start.
+func (rr *rangedReader) begin() {
+	if rr.start != nil {
+		rr.startOnce.Do(func() { close(rr.start) })
+	}
 }
 
 // release gives back a used buffer's charge.

@@ -126,10 +126,11 @@ func TestRangedDownloadBudget(t *testing.T) {
 // the budget as soon as Read has used it, not at Close: a streamed value's
 // download is closed only once the rest of its response has been written,
 // and its buffers must not outlive their charge meanwhile (the proxy's
-// fetchers bench went 300 MiB past its bound so). At the limit: the budget
-// has room for exactly the download's parts; all of it is taken before the
-// first Read, all of it is back once the object is read, before Close, and
-// no buffer is still referenced after Close.
+// fetchers bench went 300 MiB past its bound so); and it takes none before
+// its first Read. At the limit: the budget has room for exactly the
+// download's parts; none is taken before the first Read, all of it once
+// every range has started, all of it is back once the object is read,
+// before Close, and no buffer is still referenced after Close.
 func TestRangedDownloadGivesBackAsRead(t *testing.T) {
 	const part, conc = minDownloadPartBytes, 4
 	ctx := WithStreaming(context.Background(), conc*part)
@@ -162,6 +163,16 @@ func TestRangedDownloadGivesBackAsRead(t *testing.T) {
 	if !ok || rr.part != part {
 		t.Fatalf("a streamed %d-byte download is read by %T, want *rangedReader with %d-byte parts", len(data), rc, part)
 	}
+	// Opened, not read: no buffer is taken (a response's later values
+	// wait for the ones before them).
+	time.Sleep(50 * time.Millisecond)
+	if got := left.Load(); got != room || rr.scheduled.Load() {
+		t.Fatalf("opened, not read: %d bytes of the budget left (want %d), ranges started %v", got, room, rr.scheduled.Load())
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(rc, first); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(time.Minute)
 	for !rr.scheduled.Load() {
 		if time.Now().After(deadline) {
@@ -172,7 +183,8 @@ func TestRangedDownloadGivesBackAsRead(t *testing.T) {
 	if got := left.Load(); got != 0 {
 		t.Fatalf("every range started: %d bytes of the budget left, want 0 (each buffer charged)", got)
 	}
-	got, err := io.ReadAll(rc)
+	rest, err := io.ReadAll(rc)
+	got := append(first, rest...)
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("read %d bytes (%v), want the %d written", len(got), err, len(data))
 	}
