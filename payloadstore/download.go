@@ -69,7 +69,10 @@ type streamingKey struct{}
 // a Cached store does not keep them (the download bypasses the cache,
 // however small the payload), and a cloud store's ranged download holds at
 // most readAhead bytes of parts in flight (at least one part of 256 KiB),
-// instead of download.part.bytes × download.concurrency.
+// instead of download.part.bytes × download.concurrency, starts fetching
+// them only at the first Read (opening it costs one GET, which tells the
+// object's size), and gives each part's buffer back once it has been read
+// and no range is left to fetch.
 func WithStreaming(ctx context.Context, readAhead int64) context.Context {
 	return context.WithValue(ctx, streamingKey{}, readAhead)
 }
