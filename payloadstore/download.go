@@ -71,7 +71,8 @@ type streamingKey struct{}
 // most readAhead bytes of parts in flight (at least one part of 256 KiB),
 // instead of download.part.bytes × download.concurrency, starts fetching
 // them only at the first Read (opening it costs one GET, which tells the
-// object's size), and gives each part's buffer back once it has been read
+// object's size and is closed at once: its first range is asked for again
+// then), and gives each part's buffer back once it has been read
 // and no range is left to fetch.
 func WithStreaming(ctx context.Context, readAhead int64) context.Context {
 	return context.WithValue(ctx, streamingKey{}, readAhead)
@@ -174,6 +175,10 @@ func (rr *rangedReader) schedule(first *blob.Reader) {
 		}
 	}()
 	if rr.start != nil {
+		// Its connection is not held while the value waits its turn (a
+		// response may hold many): the first range is asked for again.
+		first.Close()
+		first = nil
 		select {
 		case <-rr.start:
 		case <-rr.ctx.Done():
