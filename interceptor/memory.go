@@ -225,6 +225,8 @@ type ledger struct {
 	// closers are streams the work opened (streamed values' downloads),
 	// closed by release.
 	closers []io.Closer
+	// chunks: the write chunks of streamed values (stream.go) are charged.
+	chunks bool
 }
 
 // charge takes n bytes from the budget, waiting while it is full until ctx

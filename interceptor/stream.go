@@ -189,8 +189,19 @@ func (d *decodedBatch) encodeStreamed(ctx context.Context, l *ledger, topic stri
 			size += recordWireLen(&d.recs[i])
 		}
 	}
+	// The two write chunks the holes are streamed through (Hole.Stream;
+	// one pair at a time per response) are charged once per ledger, with
+	// its first streamed batch, and held until the response is written.
+	chunks := l != nil && !l.chunks
+	if chunks {
+		size += 2 * streamChunk
+	}
 	if err := l.charge(ctx, size); err != nil {
 		return nil, nil, err
+	}
+	if chunks {
+		size -= 2 * streamChunk
+		l.chunks = true
 	}
 	room := d.headroom
 	buf := make([]byte, room+batchHeaderLen, size)

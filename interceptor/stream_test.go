@@ -331,3 +331,35 @@ func binaryPutOffset(b []byte, off int64) {
 		b[i] = byte(off >> (56 - 8*i))
 	}
 }
+
+// TestStreamedFetchChargesWriteChunks: a partition with streamed values
+// holds, until its response is written, its record set and the two write
+// chunks its holes go through (Hole.Stream), charged to the budget; the
+// download buffers are given back as they are read; Release gives back
+// everything.
+func TestStreamedFetchChargesWriteChunks(t *testing.T) {
+	ctx := context.Background()
+	ch, batch, _, values := streamSetup(t, 0)
+	ch.mem = NewMemory(256 << 20)
+	resp := fetchResponse(map[string][]byte{"big": batch})
+	out := ch.InterceptFetchLimited(ctx, resp, FetchLimits{Stream: true})
+	if len(out.Failed) > 0 || len(out.Streamed) != 1 || len(out.Streamed[0].Holes) != 2 {
+		out.Release()
+		t.Fatalf("failed %v, streamed %+v", out.Failed, out.Streamed)
+	}
+	set := resp.Topics[0].Partitions[0].RecordBatches
+	held := ch.mem.InUse()
+	if min := int64(len(set)) + 2*streamChunk; held < min {
+		t.Errorf("a streamed partition of %d bytes (without its values) holds %d bytes of the budget, want at least %d (its set and two write chunks)", len(set), held, min)
+	}
+	got, err := fill(t, set, out.Streamed[0].Holes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkValues(t, got, values, 0)
+	out.Release()
+	if n := ch.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the budget held after Release", n)
+	}
+
+}

@@ -69,7 +69,11 @@ type streamingKey struct{}
 // a Cached store does not keep them (the download bypasses the cache,
 // however small the payload), and a cloud store's ranged download holds at
 // most readAhead bytes of parts in flight (at least one part of 256 KiB),
-// instead of download.part.bytes × download.concurrency.
+// instead of download.part.bytes × download.concurrency, starts fetching
+// them only at the first Read (opening it costs one GET, which tells the
+// object's size and is closed at once: its first range is asked for again
+// then), and gives each part's buffer back once it has been read
+// and no range is left to fetch.
 func WithStreaming(ctx context.Context, readAhead int64) context.Context {
 	return context.WithValue(ctx, streamingKey{}, readAhead)
 }
@@ -117,7 +121,12 @@ type rangedReader struct {
 	slots  chan []byte     // free buffers; one token per part in flight
 	wg     sync.WaitGroup
 
-	charged atomic.Int64 // bytes of buffers charged to s.budget
+	// start, when set, is closed by the first Read (or Close): a
+	// streamed download takes no buffer before its client reads it.
+	start     chan struct{}
+	startOnce sync.Once
+	charged   atomic.Int64 // bytes of buffers charged to s.budget
+	scheduled atomic.Bool  // every range has been started: a used buffer is not needed again
 
 	cur *rangePart
 	pos int   // bytes of cur already read
@@ -143,6 +152,13 @@ func newRangedReader(ctx context.Context, s *BlobStore, key, full string, first 
 	for range conc {
 		rr.slots <- nil // buffers are made when first needed
 	}
+	if streaming(ctx) {
+		// A streamed value's download is opened when its response is
+		// built and read only when the proxy writes it, after the values
+		// before it: its read-ahead starts then, so that the downloads
+		// of a response's later values hold no memory meanwhile.
+		rr.start = make(chan struct{})
+	}
 	rr.wg.Add(1)
 	go rr.schedule(first)
 	return rr
@@ -152,11 +168,23 @@ func newRangedReader(ctx context.Context, s *BlobStore, key, full string, first 
 func (rr *rangedReader) schedule(first *blob.Reader) {
 	defer rr.wg.Done()
 	defer close(rr.parts)
+	defer rr.scheduled.Store(true)
 	defer func() {
 		if first != nil {
 			first.Close()
 		}
 	}()
+	if rr.start != nil {
+		// Its connection is not held while the value waits its turn (a
+		// response may hold many): the first range is asked for again.
+		first.Close()
+		first = nil
+		select {
+		case <-rr.start:
+		case <-rr.ctx.Done():
+			return
+		}
+	}
 	part := int64(rr.part)
 	for off := int64(0); off < rr.size; {
 		var buf []byte
@@ -255,6 +283,7 @@ func (rr *rangedReader) fetch(p *rangePart, r *blob.Reader) {
 }
 
 func (rr *rangedReader) Read(b []byte) (int, error) {
+	rr.begin()
 	if rr.err != nil {
 		return 0, rr.err
 	}
@@ -275,7 +304,16 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 	}
 	for rr.cur == nil || rr.pos == len(rr.cur.buf) {
 		if rr.cur != nil {
-			rr.slots <- rr.cur.buf // never blocks: tokens are conserved
+			buf := rr.cur.buf
+			if rr.scheduled.Load() {
+				// No range is left to read into it: give it back now
+				// rather than at Close (a streamed value's download
+				// may be held long after it was read, until the rest
+				// of its response has been written).
+				rr.release(buf)
+				buf = nil
+			}
+			rr.slots <- buf // never blocks: tokens are conserved
 			rr.cur = nil
 		}
 		p, ok := <-rr.parts
@@ -307,17 +345,38 @@ func (rr *rangedReader) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// Close stops the fetches still in flight and waits for them.
+// begin lets a streamed download's fetches start.
+func (rr *rangedReader) begin() {
+	if rr.start != nil {
+		rr.startOnce.Do(func() { close(rr.start) })
+	}
+}
+
+// release gives back a used buffer's charge.
+func (rr *rangedReader) release(buf []byte) {
+	if n := int64(cap(buf)); n > 0 && rr.s.budget.Give != nil && rr.charged.Add(-n) >= 0 {
+		rr.s.budget.Give(n)
+	}
+}
+
+// Close stops the fetches still in flight and waits for them. It drops
+// the reader's buffers as it gives back their charge, so that the memory
+// is the collector's as soon as the budget counts it free, even while
+// the reader itself is still referenced.
 func (rr *rangedReader) Close() error {
 	rr.cancel()
 	rr.wg.Wait()
 	if rr.cur != nil && rr.cur.rc != nil {
 		rr.cur.rc.Close()
 	}
+	rr.cur = nil
 	for p := range rr.parts { // a stream part not yet reached
 		if p.rc != nil {
 			p.rc.Close()
 		}
+	}
+	for len(rr.slots) > 0 {
+		<-rr.slots
 	}
 	if n := rr.charged.Swap(0); n > 0 {
 		rr.s.budget.Give(n)

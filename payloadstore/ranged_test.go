@@ -6,10 +6,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/url"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -170,5 +172,39 @@ func TestS3RangedDownloadReusesConnections(t *testing.T) {
 	}
 	if n := sh.Accepted(); n > 4 {
 		t.Fatalf("10 ranged GETs, 2 in flight, opened %d connections, want at most 4 (reused; does the S3 server send Connection: close?)", n)
+	}
+}
+
+// A streamed download (WithStreaming) through the real S3 server: opening
+// it makes one GET (the object's size; a missing object fails here), and
+// no other request is made before its first Read, however long it waits;
+// then one GET per range, the first asked for again, and the exact bytes.
+func TestS3StreamedDownloadWaitsForRead(t *testing.T) {
+	ctx := context.Background()
+	direct, via, fp := storetest.S3URLViaFaultProxy(t, "ferry-faults")
+	const n = 5<<20 + 1
+	data := randPayload(t, n)
+	resp, err := payloadstore.PublishBytes(ctx, openWith(t, direct, rangedOpts), "orders", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openWith(t, via, rangedOpts)
+	before := len(fp.Requests())
+	// 4 MiB of read-ahead: 1 MiB ranges (rangedOpts), 3 in flight.
+	rc, err := s.Download(payloadstore.WithStreaming(ctx, 4<<20), resp.FullPayloadPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	time.Sleep(300 * time.Millisecond) // a range started eagerly would show by now
+	if gets := len(fp.Requests()) - before; gets != 1 {
+		t.Fatalf("a streamed download opened, not read: %d requests, want 1", gets)
+	}
+	got, err := io.ReadAll(rc)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("streamed download of %d bytes: got %d (%v)", n, len(got), err)
+	}
+	if gets, want := len(fp.Requests())-before, 1+(n+1<<20-1)/(1<<20); gets != want {
+		t.Fatalf("streamed download of %d bytes with 1 MiB ranges made %d requests, want %d", n, gets, want)
 	}
 }
