@@ -1,0 +1,250 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
+)
+
+// A client that produces, through the proxy, a reference to an object of
+// its own topic with a forged ferry.payload.crc32c header must not make
+// the partition unreadable for other consumers: the fetch streams the
+// payload and its CRC-32C check closes every consumer's connection.
+func TestAttackForgedPayloadCRC(t *testing.T) {
+	dir := t.TempDir()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
+			largemessage.KeyStoreURL: "file://" + dir, "topic.pattern": ".*",
+			interceptor.KeyStreamThreshold: "1048576"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	store, err := payloadstore.Open(context.Background(), "file://"+dir, payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ser := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"})
+	value := randomValue(7, 3<<20)
+	// A legitimate record, offloaded by the Go library.
+	rec := &kgo.Record{Topic: "big", Value: value}
+	if _, err := ser.Offload(context.Background(), rec, largemessage.DeriveLimits(1<<20, 1<<20, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := largemessage.PayloadCRC32C(rec); !ok {
+		t.Skip("the serializer writes no ferry.payload.crc32c header")
+	}
+	forged := &kgo.Record{Topic: "big", Value: append([]byte(nil), rec.Value...)}
+	for _, h := range rec.Headers {
+		if h.Key == largemessage.HeaderPayloadCRC32C {
+			crc, _ := largemessage.PayloadCRC32C(rec)
+			h.Value = fmt.Appendf(nil, "%08x", crc^1)
+			t.Logf("real crc %08x, forged %s", crc, h.Value)
+		}
+		forged.Headers = append(forged.Headers, h)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), forged).FirstErr(); err != nil {
+		t.Logf("the forged record was refused: %v", err)
+		return
+	}
+	raw := consume(t, c.ListenAddrs()[0], "big", 1, 15*time.Second)
+	for _, r := range raw {
+		for _, h := range r.Headers {
+			t.Logf("stored header %s=%q", h.Key, h.Value)
+		}
+	}
+	got := consume(t, s.Addr(), "big", 1, 15*time.Second)
+	if len(got) != 1 {
+		t.Fatalf("a forged ferry.payload.crc32c header made the partition unreadable: consumed %d records", len(got))
+	}
+	if !bytes.Equal(got[0].Value, value) {
+		t.Fatalf("consumed %d bytes, not the payload", len(got[0].Value))
+	}
+}
+
+// A streamed Produce frame holds its arena while it waits for more of
+// proxy.memory.max.bytes (the value's upload buffers, the frame written
+// again): when what it holds plus what it waits for exceeds the budget,
+// the wait can never end, and the connection hangs holding its share.
+// It must fail at once instead (the budget is smaller than this request
+// needs), as a frame over the budget does.
+func TestAttackStreamMemorySelfDeadlock(t *testing.T) {
+	env, store, _ := streamEnv(t, 200)
+	env.mem = interceptor.NewMemory(40 << 20)
+	lm := env.streamer("lm")
+	env.streamer = func(topic string) interceptor.ValueStreamer {
+		if topic == "plain" {
+			return nil
+		}
+		return lm
+	}
+	req := kmsg.NewPtrProduceRequest()
+	req.Version, req.Acks = 9, -1
+	plain := kmsg.NewProduceRequestTopic()
+	plain.Topic = "plain"
+	pp := kmsg.NewProduceRequestTopicPartition()
+	pp.Records = batchOf(kmsg.Record{Value: bytes.Repeat([]byte("p"), 12<<20)})
+	plain.Partitions = append(plain.Partitions, pp)
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = "lm"
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = batchOf(kmsg.Record{Value: bytes.Repeat([]byte("v"), 100_000)})
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, plain, rt)
+	frame := streamedProduceFrame(req)
+	if int64(len(frame)) > env.mem.Limit() {
+		t.Fatal("the frame is over the budget: readWhole would refuse it too")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	env.ctx = ctx
+	start := time.Now()
+	out, release, streams, err := readStreamFrame(t, env, frame)
+	if ctx.Err() != nil {
+		t.Fatalf("the frame waited %s for memory it can never get (%d of %d bytes held by itself)", time.Since(start).Round(time.Second), env.mem.InUse(), env.mem.Limit())
+	}
+	if err == nil {
+		_ = out
+		streams.AbortUncommitted(context.Background())
+		release()
+	}
+	t.Logf("err: %v", err)
+	if n := env.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes held", n)
+	}
+	if n := storeObjects(t, store, "lm"); n != 0 {
+		t.Fatalf("%d objects left", n)
+	}
+}
+
+// Fetch limits smaller than a streamed value (Kafka returns the first
+// batch whole anyway), several streamed values in one response, and a
+// value exactly at the threshold (read into memory) all reach the
+// consumer byte for byte, and the budget returns to 0.
+func TestAttackStreamFetchLimits(t *testing.T) {
+	s, c, ser := streamProxy(t)
+	values := [][]byte{randomValue(11, 1<<20), randomValue(12, 1<<20+1), randomValue(13, 2<<20), randomValue(14, 3<<20)}
+	produceOffloaded(t, c, ser, "other", values...)
+	for _, lim := range []int32{1, 64 << 10, 64 << 20} {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ConsumeTopics("other"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			kgo.FetchMaxBytes(lim), kgo.FetchMaxPartitionBytes(lim))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		var got []*kgo.Record
+		for len(got) < len(values) && ctx.Err() == nil {
+			cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, r) })
+		}
+		cancel()
+		cl.Close()
+		if len(got) != len(values) {
+			t.Fatalf("fetch limit %d: consumed %d records, want %d", lim, len(got), len(values))
+		}
+		for i, r := range got {
+			if !bytes.Equal(r.Value, values[i]) {
+				t.Fatalf("fetch limit %d: record %d: %d bytes differ", lim, i, len(r.Value))
+			}
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.mem.InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the budget held", n)
+	}
+}
+
+// cutConn closes itself once it has read after bytes: a consumer that
+// goes away mid-stream.
+type cutConn struct {
+	net.Conn
+	left *atomic.Int64
+}
+
+func (c cutConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.left.Add(-int64(n)) < 0 {
+		c.Conn.Close()
+		return n, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// A consumer that closes its connection in the middle of a streamed value
+// leaves nothing held: the budget returns to 0 and the proxy's goroutines
+// to what they were.
+func TestAttackStreamFetchClosedMidValue(t *testing.T) {
+	s, c, ser := streamProxy(t)
+	produceOffloaded(t, c, ser, "other", randomValue(21, 6<<20), randomValue(22, 6<<20))
+	before := runtime.NumGoroutine()
+	for _, cut := range []int64{3 << 20, 7 << 20} {
+		left := &atomic.Int64{}
+		left.Store(cut)
+		var d net.Dialer
+		cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ConsumeTopics("other"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+			kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(64<<20),
+			kgo.Dialer(func(ctx context.Context, network, host string) (net.Conn, error) {
+				conn, err := d.DialContext(ctx, network, host)
+				if err != nil {
+					return nil, err
+				}
+				return cutConn{Conn: conn, left: left}, nil
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for left.Load() > 0 && ctx.Err() == nil {
+			cl.PollFetches(ctx)
+		}
+		cancel()
+		cl.Close()
+		if left.Load() > 0 {
+			t.Fatalf("cut at %d: the consumer never read that far", cut)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for (s.mem.InUse() != 0 || runtime.NumGoroutine() > before+5) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the budget held after consumers went away mid-stream", n)
+	}
+	if n := runtime.NumGoroutine(); n > before+5 {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines, %d before:\n%s", n, before, buf[:runtime.Stack(buf, true)])
+	}
+	// The proxy still serves.
+	if got := consume(t, s.Addr(), "other", 2, 30*time.Second); len(got) != 2 {
+		t.Fatalf("after the cut consumers: %d records", len(got))
+	}
+}
