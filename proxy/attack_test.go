@@ -20,21 +20,34 @@ import (
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
-// A client that produces, through the proxy, a reference to an object of
-// its own topic with a forged ferry.payload.crc32c header must not make
-// the partition unreadable for other consumers: the fetch streams the
-// payload and its CRC-32C check closes every consumer's connection.
-func TestAttackForgedPayloadCRC(t *testing.T) {
+// bothProxy is a proxy with large-message on produce and fetch (values
+// over 1 MiB streamed both ways) from a file store, in front of kfake with
+// topic big, and the store.
+func bothProxy(t *testing.T) (*Server, *kfake.Cluster, payloadstore.PayloadStore) {
+	return bothProxyConfig(t, nil, nil)
+}
+
+// bothProxyConfig is bothProxy with more large-message keys and a change
+// to the proxy's Config.
+func bothProxyConfig(t *testing.T, lm map[string]string, cfg func(*Config)) (*Server, *kfake.Cluster, payloadstore.PayloadStore) {
+	t.Helper()
 	dir := t.TempDir()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
-		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
-			largemessage.KeyStoreURL: "file://" + dir, "topic.pattern": ".*",
-			interceptor.KeyStreamThreshold: "1048576"}}}})
+	keys := map[string]string{largemessage.KeyStoreURL: "file://" + dir, "topic.pattern": ".*",
+		interceptor.KeyStreamThreshold: "1048576"}
+	for k, v := range lm {
+		keys[k] = v
+	}
+	config := Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+		Interceptors: []interceptor.Spec{{Name: "large-message", Config: keys}}}
+	if cfg != nil {
+		cfg(&config)
+	}
+	s, err := New(config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +59,15 @@ func TestAttackForgedPayloadCRC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, c, store
+}
+
+// A client that produces, through the proxy, a reference to an object of
+// its own topic with a forged ferry.payload.crc32c header must not make
+// the partition unreadable for other consumers: the fetch streams the
+// payload and its CRC-32C check closes every consumer's connection.
+func TestAttackForgedPayloadCRC(t *testing.T) {
+	s, c, store := bothProxy(t)
 	ser := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"})
 	value := randomValue(7, 3<<20)
 	// A legitimate record, offloaded by the Go library.
@@ -246,5 +268,107 @@ func TestAttackStreamFetchClosedMidValue(t *testing.T) {
 	// The proxy still serves.
 	if got := consume(t, s.Addr(), "other", 2, 30*time.Second); len(got) != 2 {
 		t.Fatalf("after the cut consumers: %d records", len(got))
+	}
+}
+
+// acks=0 and transactional Produce requests with a streamed value: the
+// proxy answers only when asked, the value is published (the broker may
+// have written the record: it must stay readable) and reads back whole.
+func TestAttackStreamProduceAcks0(t *testing.T) {
+	s, _, store := bothProxy(t)
+	value := randomValue(31, 3<<20)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.RequiredAcks(kgo.NoAck()), kgo.DisableIdempotentWrite(), kgo.ProducerBatchMaxBytes(16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "big", Value: value}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	got := consume(t, s.Addr(), "big", 1, 30*time.Second)
+	if len(got) != 1 || !bytes.Equal(got[0].Value, value) {
+		t.Fatalf("acks=0: consumed %d records", len(got))
+	}
+	if n := storeObjects(t, store, "big"); n != 1 {
+		t.Fatalf("%d objects in the store, want 1", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.mem.InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the budget held", n)
+	}
+}
+
+// A client that stalls in the middle of a streamed value, while others
+// stream values under a budget with room for one upload at a time: the
+// stalled connection is closed after the stall timeout, its upload leaves
+// nothing in the store, the others' values are all produced, and the
+// budget returns to 0.
+func TestAttackStreamStallWithOthers(t *testing.T) {
+	s, _, store := bothProxyConfig(t, map[string]string{largemessage.KeyStoreTimeout: "2000"}, func(c *Config) {
+		c.MemoryMax, c.MaxRequestBytes = 40<<20, 8<<20
+	})
+	req := kmsg.NewPtrProduceRequest()
+	req.Version, req.Acks = 9, -1
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = "big"
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = batchOf(kmsg.Record{Value: randomValue(41, 3<<20)})
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	frame := streamedProduceFrame(req)
+	stalled, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	if _, err := stalled.Write(frame[:len(frame)/2]); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	values := make([][]byte, 4)
+	errs := make(chan error, len(values))
+	for i := range values {
+		values[i] = randomValue(uint64(50+i), 3<<20)
+		go func() {
+			cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()),
+				kgo.ProducerBatchMaxBytes(8<<20-1024))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			errs <- cl.ProduceSync(ctx, &kgo.Record{Topic: "big", Value: values[i]}).FirstErr()
+		}()
+	}
+	for range values {
+		if err := <-errs; err != nil {
+			t.Fatalf("a producer beside the stalled client: %v", err)
+		}
+	}
+	_ = stalled.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := stalled.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the stalled client got an answer")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("the stalled client's connection still open after %s", time.Since(start).Round(time.Second))
+	}
+	got := consume(t, s.Addr(), "big", len(values), 30*time.Second)
+	if len(got) != len(values) {
+		t.Fatalf("consumed %d records, want %d", len(got), len(values))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for (s.mem.InUse() != 0 || storeObjects(t, store, "big") != len(values)) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the budget held", n)
+	}
+	if n := storeObjects(t, store, "big"); n != len(values) {
+		t.Fatalf("%d objects in the store, want %d (the stalled upload's must be gone)", n, len(values))
 	}
 }
