@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -370,5 +371,86 @@ func TestAttackStreamStallWithOthers(t *testing.T) {
 	}
 	if n := storeObjects(t, store, "big"); n != len(values) {
 		t.Fatalf("%d objects in the store, want %d (the stalled upload's must be gone)", n, len(values))
+	}
+}
+
+// streamedFrameOf is a Produce v9 frame (after its prefix: size bytes) of
+// one record of topic big whose value makes the frame's size exactly size.
+func streamedFrameOf(t *testing.T, size int) []byte {
+	t.Helper()
+	value := randomValue(uint64(size), size)
+	build := func(n int) []byte {
+		req := kmsg.NewPtrProduceRequest()
+		req.Version, req.Acks = 9, -1
+		rt := kmsg.NewProduceRequestTopic()
+		rt.Topic = "big"
+		rp := kmsg.NewProduceRequestTopicPartition()
+		rp.Records = batchOf(kmsg.Record{Value: value[:n]})
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		return streamedProduceFrame(req)
+	}
+	n := size - 200
+	n -= len(build(n)) - 4 - size // the varints' lengths do not change near there
+	for ; n > size-300; n-- {
+		if f := build(n); len(f)-4 == size {
+			return f
+		}
+	}
+	t.Fatalf("no frame of %d bytes", size)
+	return nil
+}
+
+// Streamed frames pipelined on one connection are all answered, in order;
+// one of exactly socket.request.max.bytes is read, one byte more closes
+// the connection, and nothing is left in the store for it.
+func TestAttackStreamPipelinedAndMaxRequest(t *testing.T) {
+	const maxReq = 4 << 20
+	s, _, store := bothProxyConfig(t, nil, func(c *Config) { c.MaxRequestBytes = maxReq })
+	at := streamedFrameOf(t, maxReq)
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	pipelined := append(append(append([]byte(nil), at...), at...), at...)
+	go conn.Write(pipelined)
+	_ = conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+	for i := range 3 {
+		var size [4]byte
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		body := make([]byte, binary.BigEndian.Uint32(size[:]))
+		if _, err := io.ReadFull(conn, body); err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		resp := kmsg.NewPtrProduceResponse()
+		resp.Version = 9
+		if err := resp.ReadFrom(body[5:]); err != nil { // (correlation id, flexible header tags)
+			t.Fatalf("response %d: %v", i, err)
+		}
+		if ec := resp.Topics[0].Partitions[0].ErrorCode; ec != 0 {
+			t.Fatalf("response %d: error %d", i, ec)
+		}
+	}
+	if n := storeObjects(t, store, "big"); n != 3 {
+		t.Fatalf("%d objects, want 3", n)
+	}
+	over := streamedFrameOf(t, maxReq+1)
+	conn2, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	go conn2.Write(over)
+	_ = conn2.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn2.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a frame over socket.request.max.bytes was answered")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a frame over socket.request.max.bytes: the connection stays open")
+	}
+	if n := storeObjects(t, store, "big"); n != 3 {
+		t.Fatalf("%d objects after the frame over the limit, want 3", n)
 	}
 }
