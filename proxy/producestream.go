@@ -469,7 +469,7 @@ func (b *batchReader) stream(n int64) (*interceptor.StreamedValue, error) {
 	p := b.p
 	// The upload's buffers come from the memory budget: it bounds how
 	// many values stream at once.
-	if err := p.env.mem.TakeUnqueued(p.env.ctx, payloadstore.ReadOnceUploadBytes); err != nil {
+	if err := p.takeMem(payloadstore.ReadOnceUploadBytes); err != nil {
 		return nil, err
 	}
 	defer p.env.mem.Give(payloadstore.ReadOnceUploadBytes)
@@ -602,7 +602,7 @@ func (p *produceReader) frame() ([]byte, error) {
 	for _, f := range p.fields {
 		n += 5 + f.content.size() - (f.end - f.prefix)
 	}
-	if err := p.env.mem.TakeUnqueued(p.env.ctx, int64(n)); err != nil {
+	if err := p.takeMem(int64(n)); err != nil {
 		return nil, err
 	}
 	p.charged += int64(n)
@@ -659,7 +659,7 @@ func (p *produceReader) take(n int64) (int, error) {
 // grow makes room for by more bytes in the arena.
 func (p *produceReader) grow(by int) error {
 	newCap := cap(p.arena) + by
-	if err := p.env.mem.TakeUnqueued(p.env.ctx, int64(newCap)); err != nil {
+	if err := p.takeMem(int64(newCap)); err != nil {
 		return err
 	}
 	nb := make([]byte, len(p.arena), newCap)
@@ -668,6 +668,19 @@ func (p *produceReader) grow(by int) error {
 	p.charged += int64(newCap - cap(p.arena))
 	p.arena = nb
 	return nil
+}
+
+// takeMem takes n more bytes of the memory budget for the frame, which
+// holds p.charged already: it fails at once (interceptor.ErrMemoryBusy)
+// when the two exceed proxy.memory.max.bytes, since the frame would wait
+// for bytes that it holds itself and never get them (TakeUnqueued waits
+// until the connection ends).
+func (p *produceReader) takeMem(n int64) error {
+	if lim := p.env.mem.Limit(); p.charged+n > lim {
+		return fmt.Errorf("%w: a Produce request streaming values needs %d bytes more of proxy.memory.max.bytes while it holds %d, the budget is %d",
+			interceptor.ErrMemoryBusy, n, p.charged, lim)
+	}
+	return p.env.mem.TakeUnqueued(p.env.ctx, n)
 }
 
 // uvarint reads an unsigned varint of the request's fields.
