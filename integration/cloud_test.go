@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -192,16 +191,7 @@ func TestCLIProduceConsumeS3OneGiB(t *testing.T) {
 	topic := newTopic(t, nil)
 	dir := t.TempDir()
 	src := filepath.Join(dir, "payload.bin")
-	f, err := os.Create(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.New()
-	if _, err := io.CopyN(io.MultiWriter(f, h), rand.NewChaCha8([32]byte{1, 2, 3}), size); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	want := h.Sum(nil)
+	want := randomFile(t, src, size, 1, 2, 3)
 	bin := buildFerry(t)
 
 	rssProduce, out := runFerry(t, bin, append([]string{"produce", "--brokers", b, "--topic", topic, "--store", raw, src}, slowStoreArgs...)...)
@@ -221,7 +211,7 @@ func TestCLIProduceConsumeS3OneGiB(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	h.Reset()
+	h := sha256.New()
 	n, err := io.Copy(h, g)
 	if err != nil || n != size || !bytes.Equal(h.Sum(nil), want) {
 		t.Fatalf("consumed %d bytes (want %d), digest match %v, %v", n, size, bytes.Equal(h.Sum(nil), want), err)

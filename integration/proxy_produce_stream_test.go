@@ -97,16 +97,7 @@ func TestProxyStreamOneGBKcat(t *testing.T) {
 	p := streamProxy(t, store, topic)
 	const size = 999_000_000 // the record with its batch stays under message.max.bytes
 	file := filepath.Join(t.TempDir(), "value.bin")
-	f, err := os.Create(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.New()
-	if _, err := io.CopyN(io.MultiWriter(f, h), rand.NewChaCha8([32]byte{9}), size); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	want := [sha256.Size]byte(h.Sum(nil))
+	want := [sha256.Size]byte(randomFile(t, file, size, 9))
 	idle := p.peakRSS(t)
 	runClient(t, nil, kcat, "-P", "-b", p.bootstrap, "-t", topic, "-p", "0",
 		"-X", "message.max.bytes=1000000000", "-X", "receive.message.max.bytes=1100000000", "-X", "fetch.max.bytes=1050000000",

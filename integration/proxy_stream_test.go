@@ -42,16 +42,7 @@ func TestProxyStreamsOneGBRecord(t *testing.T) {
 	topic := newTopic(t, nil)
 	dir := t.TempDir()
 	src := filepath.Join(dir, "payload.bin")
-	f, err := os.Create(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.New()
-	if _, err := io.CopyN(io.MultiWriter(f, h), rand.NewChaCha8([32]byte{4, 5, 6}), size); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	want := h.Sum(nil)
+	want := randomFile(t, src, size, 4, 5, 6)
 	bin := buildFerry(t)
 	if _, out := runFerry(t, bin, append([]string{"produce", "--brokers", b, "--topic", topic, "--store", raw, src}, slowStoreArgs...)...); !strings.Contains(out, "offloaded") {
 		t.Fatalf("produce output: %q", out)
@@ -124,16 +115,7 @@ interceptors:
 	// kcat processes. scripts/bench huge runs four 1 GB records.
 	const size2 = 200_000_000
 	src2 := filepath.Join(dir, "payload2.bin")
-	f2, err := os.Create(src2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h2 := sha256.New()
-	if _, err := io.CopyN(io.MultiWriter(f2, h2), rand.NewChaCha8([32]byte{7, 8, 9}), size2); err != nil {
-		t.Fatal(err)
-	}
-	f2.Close()
-	want2 := h2.Sum(nil)
+	want2 := randomFile(t, src2, size2, 7, 8, 9)
 	if _, out := runFerry(t, bin, append([]string{"produce", "--brokers", b, "--topic", topic, "--store", raw, src2}, slowStoreArgs...)...); !strings.Contains(out, "offloaded") {
 		t.Fatalf("produce output: %q", out)
 	}
@@ -159,6 +141,27 @@ interceptors:
 	if peakFour > 256<<20 {
 		t.Fatalf("proxy peak RSS %.1f MiB for four streamed fetches at once: over 256 MiB", mib(peakFour))
 	}
+}
+
+// randomFile writes size pseudo-random bytes (ChaCha8 from seed) to path
+// and returns their SHA-256.
+func randomFile(t *testing.T, path string, size int64, seed ...byte) []byte {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var key [32]byte
+	copy(key[:], seed)
+	h := sha256.New()
+	if _, err := io.CopyN(io.MultiWriter(f, h), rand.NewChaCha8(key), size); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return h.Sum(nil)
 }
 
 // streamOneRSSMax bounds the proxy's peak RSS while it streams one 1 GB
