@@ -35,6 +35,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/pierrec/lz4/v4"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -638,10 +639,16 @@ interceptors:
 	run("stalled frames hold no one else back", func(t *testing.T) {
 		for range 3 {
 			c := rawConn(t, p.bootstrap)
-			// The start of a 60 MiB Produce request, then nothing.
+			// The start of a 60 MiB Produce request (v9: header, a null
+			// transactional id, acks 1, one topic "x" of one partition
+			// whose records field takes the rest), then nothing.
 			frame := make([]byte, 30<<20)
 			binary.BigEndian.PutUint32(frame, 60<<20)
-			copy(frame[4:], []byte{0, 0, 0, 9, 0, 0, 0, 1, 0, 1, 'x', 0})
+			head := []byte{0, 0, 0, 9, 0, 0, 0, 1, 0, 1, 'x', 0, // header v2
+				0, 0, 1, 0, 0, 0x75, 0x30, 2, 2, 'x', 2, 0, 0, 0, 0} // body up to the records field
+			const uvLen, trailingTags = 4, 3
+			head = kbin.AppendUvarint(head, uint32(60<<20-len(head)-uvLen-trailingTags)+1)
+			copy(frame[4:], head)
 			// The proxy may stop reading a frame the budget has no room
 			// for yet (it waits): a write that times out is fine.
 			_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))

@@ -637,7 +637,10 @@ func (p *produceReader) take(n int64) (int, error) {
 	start := len(p.arena)
 	for need := int(n); need > 0; {
 		if len(p.arena) == cap(p.arena) {
-			if err := p.grow(min(max(cap(p.arena), frameStep), need)); err != nil {
+			// Geometric growth (a frame of many small fields must not
+			// copy its arena on every field), never past what the frame
+			// has left.
+			if err := p.grow(max(need, int(min(int64(max(cap(p.arena), frameStep)), p.left)))); err != nil {
 				return 0, err
 			}
 		}
