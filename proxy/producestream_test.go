@@ -255,25 +255,7 @@ func TestProduceStreamHostile(t *testing.T) {
 		env, store, chain := streamEnv(t, 4096)
 		frame := streamedProduceFrame(good())
 		frame[valueAt(frame)+500] ^= 1
-		out, release, streams, err := readStreamFrame(t, env, frame)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, _ := ParseRequestHeader(out[4:])
-		req, err := decodeProduce(9, out[4+h.Len:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		res := chain.InterceptProduce(interceptor.WithStreams(context.Background(), streams), req, env.limits2())
-		res.Release()
-		if len(res.Answered) != 1 || res.Answered[0].ErrorCode != kerr.CorruptMessage.Code {
-			t.Fatalf("answered %+v, want CORRUPT_MESSAGE", res.Answered)
-		}
-		streams.AbortUncommitted(context.Background())
-		release()
-		if n := storeObjects(t, store, "lm"); n != 0 {
-			t.Fatalf("%d objects left", n)
-		}
+		wantCorruptNothingLeft(t, env, store, chain, frame)
 	})
 	t.Run("record length", func(t *testing.T) {
 		env, store, chain := streamEnv(t, 4096)
@@ -282,25 +264,7 @@ func TestProduceStreamHostile(t *testing.T) {
 		// The record's headers count claims one header that is not there.
 		b[len(b)-1] = 2
 		binary.BigEndian.PutUint32(b[17:], crc32.Checksum(b[21:], crc32.MakeTable(crc32.Castagnoli)))
-		out, release, streams, err := readStreamFrame(t, env, streamedProduceFrame(req))
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, _ := ParseRequestHeader(out[4:])
-		dreq, err := decodeProduce(9, out[4+h.Len:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		res := chain.InterceptProduce(interceptor.WithStreams(context.Background(), streams), dreq, env.limits2())
-		res.Release()
-		if len(res.Answered) != 1 || res.Answered[0].ErrorCode != kerr.CorruptMessage.Code {
-			t.Fatalf("answered %+v, want CORRUPT_MESSAGE", res.Answered)
-		}
-		streams.AbortUncommitted(context.Background())
-		release()
-		if n := storeObjects(t, store, "lm"); n != 0 {
-			t.Fatalf("%d objects left", n)
-		}
+		wantCorruptNothingLeft(t, env, store, chain, streamedProduceFrame(req))
 	})
 	t.Run("client gone mid-value", func(t *testing.T) {
 		env, store, _ := streamEnv(t, 4096)
@@ -396,4 +360,30 @@ func FuzzProduceStream(f *testing.F) {
 			}
 		})
 	})
+}
+
+// wantCorruptNothingLeft reads frame (a streamed Produce v9 request), runs
+// chain over it, and wants its one partition answered CORRUPT_MESSAGE and,
+// once the uncommitted streams are aborted, no object left under "lm".
+func wantCorruptNothingLeft(t *testing.T, env produceEnv, store payloadstore.PayloadStore, chain *interceptor.Chain, frame []byte) {
+	t.Helper()
+	out, release, streams, err := readStreamFrame(t, env, frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := ParseRequestHeader(out[4:])
+	req, err := decodeProduce(9, out[4+h.Len:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := chain.InterceptProduce(interceptor.WithStreams(context.Background(), streams), req, env.limits2())
+	res.Release()
+	if len(res.Answered) != 1 || res.Answered[0].ErrorCode != kerr.CorruptMessage.Code {
+		t.Fatalf("answered %+v, want CORRUPT_MESSAGE", res.Answered)
+	}
+	streams.AbortUncommitted(context.Background())
+	release()
+	if n := storeObjects(t, store, "lm"); n != 0 {
+		t.Fatalf("%d objects left", n)
+	}
 }
