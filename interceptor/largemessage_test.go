@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -393,3 +394,32 @@ func TestLargeMessageReferencesVerifiedOncePerRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestChainCanStream: a Produce frame is parsed as it arrives only for a
+// chain with a ValueStreamer (large-message); validate-json alone reads its
+// frames whole, however large.
+func TestChainCanStream(t *testing.T) {
+	fs, err := payloadstore.NewFileStore(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re, _ := CompileTopicPattern(".*")
+	lm := NewLargeMessage(fs, largemessage.DefaultConfig(), re)
+	if !NewChain([]Instance{{Produce: lm}}, Options{}).CanStream() {
+		t.Fatal("a chain with large-message: CanStream() false, want true")
+	}
+	only := NewChain([]Instance{{Produce: jsonOnly{re}}}, Options{})
+	if only.CanStream() {
+		t.Fatal("a chain without a ValueStreamer: CanStream() true, want false")
+	}
+	if only.Streamer("t") != nil {
+		t.Fatal("a chain without a ValueStreamer names one for topic t")
+	}
+}
+
+// jsonOnly is a produce interceptor that is no ValueStreamer.
+type jsonOnly struct{ re *regexp.Regexp }
+
+func (j jsonOnly) Name() string                               { return "json-only" }
+func (j jsonOnly) TopicPattern() *regexp.Regexp               { return j.re }
+func (jsonOnly) ProcessRecord(context.Context, *Record) error { return nil }

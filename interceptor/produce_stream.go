@@ -221,6 +221,19 @@ func StreamsFrom(ctx context.Context) *Streams {
 	return s
 }
 
+// CanStream reports whether any produce interceptor is a ValueStreamer: if
+// none is, no value can be taken as a stream and a Produce frame is read
+// whole, however large (proxy/producestream.go parses frames as they arrive
+// only for such a chain).
+func (c *Chain) CanStream() bool {
+	for _, ic := range c.produce {
+		if _, ok := ic.(ValueStreamer); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Streamer returns the interceptor that may take topic's values as streams:
 // the only produce interceptor whose pattern matches topic, when it is a
 // ValueStreamer; nil otherwise (another interceptor would read the values,

@@ -382,7 +382,7 @@ func (c *conn) readRequest() bool {
 	var frame []byte
 	var release func()
 	var streams *interceptor.Streams // values read as streams (producestream.go)
-	if err == nil && h.Key == keyProduce && h.Version >= 3 && g.hasProduce() && size >= minStreamedFrame {
+	if err == nil && h.Key == keyProduce && h.Version >= 3 && g.hasProduce() && g.chain.CanStream() && size >= minStreamedFrame {
 		frame, release, streams, err = c.readProduce(h, size, g)
 	} else {
 		frame, release, err = c.readWhole(size)
