@@ -23,7 +23,7 @@ import (
 
 // bothProxy is a proxy with large-message on produce and fetch (values
 // over 1 MiB streamed both ways) from a file store, in front of kfake with
-// topic big, and the store.
+// topics big and other, and the store.
 func bothProxy(t *testing.T) (*Server, *kfake.Cluster, payloadstore.PayloadStore) {
 	return bothProxyConfig(t, nil, nil)
 }
@@ -33,7 +33,7 @@ func bothProxy(t *testing.T) (*Server, *kfake.Cluster, payloadstore.PayloadStore
 func bothProxyConfig(t *testing.T, lm map[string]string, cfg func(*Config)) (*Server, *kfake.Cluster, payloadstore.PayloadStore) {
 	t.Helper()
 	dir := t.TempDir()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big"))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big", "other"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/largemessage"
-	"github.com/ferrykit/ferry/payloadstore"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -22,27 +20,7 @@ import (
 // whose records the Go library offloaded to the same store.
 func streamProxy(t *testing.T) (*Server, *kfake.Cluster, *largemessage.Serializer) {
 	t.Helper()
-	dir := t.TempDir()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big", "other"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
-		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
-			largemessage.KeyStoreURL: "file://" + dir, "topic.pattern": ".*", "side": "fetch",
-			interceptor.KeyStreamThreshold: "1048576"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
-	store, err := payloadstore.Open(context.Background(), "file://"+dir, payloadstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, c, store := bothProxyConfig(t, map[string]string{"side": "fetch"}, nil)
 	return s, c, largemessage.NewSerializer(store, largemessage.Codec{Type: "none"})
 }
 
