@@ -243,11 +243,21 @@ func storeErr(err error) error {
 // references at once, and the publishing is deferred until the batch fits.
 func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 	if v, err := l.streamed(ctx, r); v != nil || err != nil {
-		// Published as it arrived (StreamValue): its reference stands.
-		if err == nil {
-			r.Defer(v)
+		// Published as it arrived (StreamValue): its reference stands if
+		// the reference record fits the threshold, as an offload planned
+		// in memory must (PlanOffload's ErrRecordTooLarge). A streamed
+		// record's key is not offloaded. Refused, the partition fails and
+		// the value is deleted (Streams.AbortUncommitted).
+		if err != nil {
+			return err
 		}
-		return err
+		lim := l.limits(r)
+		if fits, ferr := (largemessage.Codec{Type: "none"}).Fits(lim, r.Key, r.Value, r.Headers); ferr == nil && !fits {
+			return storeErr(fmt.Errorf("topic %s: %w (the reference record of a value streamed to the store is %d bytes, its key %d; threshold %d)",
+				r.Topic, largemessage.ErrRecordTooLarge, largemessage.RecordLen(r.Key, r.Value, r.Headers), len(r.Key), lim.Threshold))
+		}
+		r.Defer(v)
+		return nil
 	}
 	// Most records carry no reference and fit: decided on the record's
 	// headers and length alone, before it is copied into a kgo.Record (a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -452,5 +454,32 @@ func TestAttackStreamPipelinedAndMaxRequest(t *testing.T) {
 	}
 	if n := storeObjects(t, store, "big"); n != 3 {
 		t.Fatalf("%d objects after the frame over the limit, want 3", n)
+	}
+}
+
+// A threshold too small for the reference record (README:
+// large.message.threshold.bytes) refuses the record whether its value is
+// streamed to the store (over large.message.stream.threshold.bytes) or
+// offloaded from memory: MESSAGE_TOO_LARGE both ways, nothing left in the
+// store, and a record that fits inline still goes through.
+func TestAttackThresholdBelowReferenceStreamed(t *testing.T) {
+	s, _, store := bothProxyConfig(t, map[string]string{largemessage.KeyThreshold: "200"}, nil)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.ProducerBatchMaxBytes(8<<20), kgo.RecordRetries(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for _, n := range []int{512 << 10, 3 << 20} { // held in memory; streamed (over 1 MiB)
+		err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "big", Value: randomValue(uint64(n), n)}).FirstErr()
+		if !errors.Is(err, kerr.MessageTooLarge) {
+			t.Fatalf("a %d-byte value with threshold 200: %v, want MESSAGE_TOO_LARGE", n, err)
+		}
+	}
+	if n := storeObjects(t, store, "big"); n != 0 {
+		t.Fatalf("%d objects in the store after refused records, want 0", n)
+	}
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: "big", Value: []byte("small")}).FirstErr(); err != nil {
+		t.Fatalf("a 5-byte value: %v", err)
 	}
 }
