@@ -308,14 +308,18 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 			return err
 		}
 	}
-	// A payload is read, verified (size, SHA-256) and written in one pass,
-	// in ctxio.Copy's 64 KiB pieces; a long copy (a local file store)
-	// stops with ctx. An inline value is written as it is.
+	// A payload is read, verified (size, SHA-256) and written in one pass;
+	// a long copy stops with ctx. The writes run on a goroutine of their
+	// own (ctxio.PipeCopy), beside the download's copy out of its ranges
+	// and the SHA-256: on one goroutine the three took all of its time
+	// while the ranges were already downloaded (docs/BENCHMARKS.md,
+	// "ferry consume --out through the shaped S3"). An inline value is
+	// written as it is.
 	copyValue := func(dst io.Writer) (int64, error) {
 		if !offloaded {
 			return io.Copy(dst, rc)
 		}
-		return ctxio.Copy(ctx, dst, rc)
+		return ctxio.PipeCopy(ctx, dst, rc)
 	}
 	if c.out == "" {
 		if n, err := copyValue(c.stdout); err != nil {
