@@ -118,8 +118,7 @@ func TestConsumeOutNames(t *testing.T) {
 }
 
 // A payload whose bytes were changed in the store (same size): ferry
-// consume --out reads and writes all of it (the write on its own
-// goroutine, ctxio.PipeCopy), then fails on the SHA-256 at its end with an
+// consume --out reads and writes all of it, then fails on the SHA-256 at its end with an
 // error naming the record; no file is left in DIR, not even the temporary
 // one. To standard output the bytes go out and the error follows.
 func TestConsumeTamperedPayload(t *testing.T) {
@@ -163,5 +162,18 @@ func TestConsumeTamperedPayload(t *testing.T) {
 	oneErrorLine(t, r, "SHA-256")
 	if len(r.stdout) != len(b) {
 		t.Errorf("to standard output: %d bytes written, want the payload's %d before the error", len(r.stdout), len(b))
+	}
+}
+
+// ferry consume writes on a goroutine of its own (ctxio.PipeCopy) only
+// for a store over the network.
+func TestRemoteStore(t *testing.T) {
+	for u, want := range map[string]bool{
+		"": false, "file:///var/ferry": false, "mem://": false,
+		"s3://bucket?region=eu-west-1": true, "gs://bucket": true, "azblob://container": true,
+	} {
+		if got := remoteStore(u); got != want {
+			t.Errorf("remoteStore(%q) = %v, want %v", u, got, want)
+		}
 	}
 }
