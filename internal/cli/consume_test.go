@@ -116,3 +116,64 @@ func TestConsumeOutNames(t *testing.T) {
 		t.Errorf("consume output %q", r.stdout)
 	}
 }
+
+// A payload whose bytes were changed in the store (same size): ferry
+// consume --out reads and writes all of it, then fails on the SHA-256 at its end with an
+// error naming the record; no file is left in DIR, not even the temporary
+// one. To standard output the bytes go out and the error follows.
+func TestConsumeTamperedPayload(t *testing.T) {
+	_, brokers := cluster(t)
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "store")
+	big, _ := randomFile(t, dir, "big", 3<<20+5, 21)
+	if r := run(t, nil, "produce", "--brokers", brokers, "-t", "t", "--store", storeDir, big); r.code != 0 {
+		t.Fatalf("produce: exit %d: %s", r.code, r.stderr)
+	}
+	objs := storeObjects(t, storeDir)
+	if len(objs) != 1 {
+		t.Fatalf("store objects %v", objs)
+	}
+	obj := objs[0]
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1 // the last byte: the mismatch shows only at the end
+	if err := os.Chmod(obj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(obj, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	r := run(t, nil, "consume", "--brokers", brokers, "-t", "t", "--store", storeDir, "--out", out, "-n", "1")
+	if r.code != 1 {
+		t.Fatalf("exit %d, want 1: %s", r.code, r.stderr)
+	}
+	oneErrorLine(t, r, "topic t partition 0 offset 0")
+	oneErrorLine(t, r, "SHA-256")
+	if left, _ := os.ReadDir(out); len(left) != 0 {
+		t.Errorf("files left in --out: %v", left)
+	}
+	r = run(t, nil, "consume", "--brokers", brokers, "-t", "t", "--store", storeDir, "-n", "1")
+	if r.code != 1 {
+		t.Fatalf("to standard output: exit %d, want 1: %s", r.code, r.stderr)
+	}
+	oneErrorLine(t, r, "SHA-256")
+	if len(r.stdout) != len(b) {
+		t.Errorf("to standard output: %d bytes written, want the payload's %d before the error", len(r.stdout), len(b))
+	}
+}
+
+// ferry consume writes on a goroutine of its own (ctxio.PipeCopy) only
+// for a store over the network.
+func TestRemoteStore(t *testing.T) {
+	for u, want := range map[string]bool{
+		"": false, "file:///var/ferry": false, "mem://": false,
+		"s3://bucket?region=eu-west-1": true, "gs://bucket": true, "azblob://container": true,
+	} {
+		if got := remoteStore(u); got != want {
+			t.Errorf("remoteStore(%q) = %v, want %v", u, got, want)
+		}
+	}
+}
