@@ -251,6 +251,10 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 		fs.EachError(func(t string, p int32, err error) {
 			if ferr == nil && !(timedOut && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))) {
 				ferr = fmt.Errorf("fetching topic %s partition %d: %w", t, p, err)
+				if strings.Contains(err.Error(), "response exceeds BrokerMaxReadBytes") {
+					// (franz-go's error is not exported; TestCLIConsumeReceiveMaxBytes checks the text.)
+					ferr = fmt.Errorf("%w (a fetch response is larger than %s; a ferry proxy returns a resolved record whole in one response: raise it with -X %s=BYTES, at most 1073741824, and at least fetch.max.bytes)", ferr, keyReceiveMaxBytes, keyReceiveMaxBytes)
+				}
 			}
 		})
 		if ferr != nil {

@@ -28,6 +28,16 @@ const (
 	keyBootstrap      = "bootstrap.servers"
 	keyClientID       = "client.id"
 	keyMaxRequestSize = "max.request.size"
+	// Consumer sizes: Java's fetch.max.bytes and max.partition.fetch.bytes
+	// (franz-go's FetchMaxBytes, FetchMaxPartitionBytes: 50 MiB and 1 MiB
+	// by default), and librdkafka's receive.message.max.bytes, the largest
+	// response read from a broker (franz-go's BrokerMaxReadBytes, 100 MiB by
+	// default). A record resolved by a ferry proxy comes back whole in one
+	// response, so a consumer of records over 100 MiB through the proxy
+	// raises receive.message.max.bytes, as a librdkafka consumer does.
+	keyFetchMaxBytes          = "fetch.max.bytes"
+	keyMaxPartitionFetchBytes = "max.partition.fetch.bytes"
+	keyReceiveMaxBytes        = "receive.message.max.bytes"
 )
 
 // pingTimeout bounds the start-up check that Kafka answers.
@@ -158,6 +168,22 @@ func (s *settings) clientOpts() ([]kgo.Opt, error) {
 			return nil, usageErrorf("%s: %q is not a positive 32-bit integer", keyMaxRequestSize, v)
 		}
 		opts = append(opts, kgo.ProducerBatchMaxBytes(int32(n)))
+	}
+	for _, o := range []struct {
+		key string
+		opt func(int32) kgo.Opt
+	}{
+		{keyFetchMaxBytes, func(n int32) kgo.Opt { return kgo.FetchMaxBytes(n) }},
+		{keyMaxPartitionFetchBytes, func(n int32) kgo.Opt { return kgo.FetchMaxPartitionBytes(n) }},
+		{keyReceiveMaxBytes, kgo.BrokerMaxReadBytes},
+	} {
+		if v, ok := s.props[o.key]; ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+			if err != nil || n <= 0 {
+				return nil, usageErrorf("%s: %q is not a positive 32-bit integer", o.key, v)
+			}
+			opts = append(opts, o.opt(int32(n)))
+		}
 	}
 	if s.cfg.Codec.Type == "none" || s.cfg.Codec.Type == "" {
 		opts = append(opts, kgo.ProducerBatchCompression(kgo.NoCompression()))

@@ -23,7 +23,7 @@ import (
 // (consumerKeys: the consumer group's, read by consume alone).
 func clientKeys() []string {
 	return append([]string{
-		keyBootstrap, keyClientID, keyMaxRequestSize,
+		keyBootstrap, keyClientID, keyMaxRequestSize, keyFetchMaxBytes, keyMaxPartitionFetchBytes, keyReceiveMaxBytes,
 		largemessage.KeyCompressionType, largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval,
 		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
 		"key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
@@ -43,7 +43,7 @@ func interceptorKeys() []string {
 // kafkaKeysNearOurs are Kafka client properties that are a typo's distance
 // from a key above; they are Kafka's own names, not misspellings, and stay
 // warnings. (TestKafkaKeysAreNotTypos checks every Java client key.)
-var kafkaKeysNearOurs = []string{"key.serializer", "value.serializer", "key.deserializer", "value.deserializer"}
+var kafkaKeysNearOurs = []string{"key.serializer", "value.serializer", "key.deserializer", "value.deserializer", "fetch.min.bytes"}
 
 // isChain reports whether v lists serde stages only ("avro,large-message"):
 // the value of key.serializers given to Kafka's key.serializer by mistake.

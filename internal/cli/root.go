@@ -155,7 +155,8 @@ directory path (docs/OPERATIONS.md has each URL's form and credentials).
 
 Client settings are Kafka-style properties: --config FILE.properties, then
 -X key=value overrides (bootstrap.servers, client.id, compression.type,
-max.request.size, the large.message.* keys, and TLS/SASL as a Java client or
+max.request.size, fetch.max.bytes, max.partition.fetch.bytes,
+receive.message.max.bytes, the large.message.* keys, and TLS/SASL as a Java client or
 librdkafka takes them: security.protocol, sasl.mechanism, sasl.jaas.config,
 sasl.username, ssl.truststore.*, ssl.ca.location, ...; docs/SECURITY.md).
 
