@@ -97,7 +97,7 @@ func newMetrics() *metrics {
 	m.bytesOut = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_client_bytes_sent_total",
 		Help: "Bytes of response frames written to clients, size prefixes included."})
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_errors_total",
-		Help: "Connections closed on an error, by kind (frame_too_large, malformed, unknown_key, unsupported_version, client_io, upstream_io, upstream_dial, rewrite, panic, listen, sni_missing, sni_unknown)."}, []string{"kind"})
+		Help: "Connections closed on an error, and partitions or connections refused, by kind (docs/PROXY.md lists every kind)."}, []string{"kind"})
 	m.upstreamConnects = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_upstream_connects_total",
 		Help: "Upstream broker connections opened (one per client connection; a client that reconnects after a broker restart opens a new one), by result."}, []string{"result"})
 	m.rewrites = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_proxy_address_rewrites_total",

@@ -257,6 +257,11 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 		}
 		cfg.Interceptors = nil
 		for _, name := range interceptors {
+			if !slices.Contains(interceptor.Names(), name) {
+				if near := nearest(name, interceptor.Names(), false); len(near) > 0 {
+					return cfg, usageErrorf("--interceptors: %q is not an interceptor (did you mean %s?)", name, orList(near))
+				}
+			}
 			cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})
 		}
 	} else if store != "" {

@@ -168,3 +168,17 @@ func TestProxyLogLevel(t *testing.T) {
 		}
 	}
 }
+
+// A misspelled --interceptors name is a usage error suggesting the
+// built-in it is near; a name near none keeps the registry's error.
+func TestProxyInterceptorNameTypo(t *testing.T) {
+	r := run(t, nil, "proxy", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--interceptors", "large-mesage")
+	if r.code != 2 {
+		t.Fatalf("exit %d, want 2", r.code)
+	}
+	oneErrorLine(t, r, `"large-mesage" is not an interceptor (did you mean large-message?)`)
+	r = run(t, nil, "proxy", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--interceptors", "zzzzzzzzzzzz")
+	if r.code == 0 || !strings.Contains(r.stderr, "is not registered") {
+		t.Fatalf("an unknown name: exit %d", r.code)
+	}
+}
