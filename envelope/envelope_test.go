@@ -309,3 +309,52 @@ func TestCacheBound(t *testing.T) {
 		t.Fatalf("caches hold %d and %d keys, want 3 each", len(k.sealing), len(k.opened))
 	}
 }
+
+// A data key keeps the associated data of its first few (topic, field)
+// pairs (aadMemo): records of more pairs than it keeps still seal and open,
+// each bound to its own pair whether its pair is kept or not, and a record
+// whose header differs from the one kept for its pair (its wrapped key's
+// bytes altered) is bound to its own header and fails.
+func TestRecordAADMemo(t *testing.T) {
+	ctx := context.Background()
+	k := openTest(t, Config{KeyURL: testKeyURL(t)})
+	var pairs []RecordAAD
+	for _, f := range []string{"value", "header:a", "header:b", "header:c", "header:d", "header:e"} {
+		pairs = append(pairs, RecordAAD{Topic: "t", Field: f})
+	}
+	sealed := make([][]byte, len(pairs))
+	for round := range 2 { // the first fills the memo, the second reads it
+		for i, a := range pairs {
+			plain := []byte(a.Field)
+			var err error
+			if sealed[i], err = k.SealRecord(ctx, nil, plain, a); err != nil {
+				t.Fatal(err)
+			}
+			back, err := k.OpenRecord(ctx, nil, sealed[i], a)
+			if err != nil || !bytes.Equal(back, plain) {
+				t.Fatalf("round %d %s: %q %v", round, a.Field, back, err)
+			}
+		}
+		for i := range pairs {
+			for j, a := range pairs {
+				if i == j {
+					continue
+				}
+				if _, err := k.OpenRecord(ctx, nil, sealed[i], a); !errors.Is(err, ErrAuthentication) {
+					t.Fatalf("round %d: %s opened as %s: %v", round, pairs[i].Field, a.Field, err)
+				}
+			}
+			if _, err := k.OpenRecord(ctx, nil, sealed[i], RecordAAD{Topic: "u", Field: pairs[i].Field}); !errors.Is(err, ErrAuthentication) {
+				t.Fatalf("round %d: %s opened under another topic: %v", round, pairs[i].Field, err)
+			}
+		}
+	}
+	// A header of the same key id and wrapped-key length whose wrapped
+	// key differs in one byte: not the key the memo holds, refused (by
+	// the KMS, or by authentication).
+	b := bytes.Clone(sealed[0])
+	b[fixedHeaderBytes] ^= 1
+	if _, err := k.OpenRecord(ctx, nil, b, pairs[0]); err == nil {
+		t.Fatal("a record with an altered wrapped key opened")
+	}
+}

@@ -183,11 +183,13 @@ type dataKey struct {
 	kek     KeyID
 	made    time.Time
 	uses    int64
+	memo    *aadMemo // shared by the copies sealKey hands out
 }
 
 type openedKey struct {
 	key  []byte
 	gcm  cipher.AEAD
+	memo aadMemo
 	made time.Time
 	err  error // the KMS refused to unwrap it (not retryable), at made
 }
@@ -345,7 +347,7 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	if err != nil {
 		return dataKey{}, err
 	}
-	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: now, uses: 1}
+	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: now, uses: 1, memo: &aadMemo{}}
 	k.mu.Lock()
 	if len(k.sealing) >= k.cfg.CacheMaxEntries {
 		evictOldest(k.sealing, func(d *dataKey) time.Time { return d.made })

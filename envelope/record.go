@@ -1,12 +1,15 @@
 package envelope
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/rand"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // RecordAAD binds a sealed record value or header value to its topic and to
@@ -48,8 +51,12 @@ func sealRecord(dst []byte, dk dataKey, fill func([]byte) (int, error), plain []
 	if _, err := fill(nonce); err != nil {
 		return nil, err
 	}
+	if ad := dk.memo.get(a, dst[start:hl]); ad != nil {
+		return dk.gcm.Seal(dst, nonce, plain, ad), nil
+	}
 	ad := aadPool.Get().(*[]byte)
 	*ad = appendAAD((*ad)[:0], recordLabel, dst[start:hl], a.Topic, a.Field)
+	dk.memo.put(a, *ad)
 	dst = dk.gcm.Seal(dst, nonce, plain, *ad)
 	putAAD(ad)
 	return dst, nil
@@ -93,10 +100,16 @@ func (k *Keyring) OpenRecord(ctx context.Context, dst, sealed []byte, a RecordAA
 	gcm := o.gcm
 	hb := sealed[:fixedHeaderBytes+n]
 	nonce := sealed[len(hb) : len(hb)+12]
-	ad := aadPool.Get().(*[]byte)
-	*ad = appendAAD((*ad)[:0], recordLabel, hb, a.Topic, a.Field)
-	out, err := gcm.Open(dst, nonce, sealed[len(hb)+12:], *ad)
-	putAAD(ad)
+	var out []byte
+	if ad := o.memo.get(a, hb); ad != nil {
+		out, err = gcm.Open(dst, nonce, sealed[len(hb)+12:], ad)
+	} else {
+		ad := aadPool.Get().(*[]byte)
+		*ad = appendAAD((*ad)[:0], recordLabel, hb, a.Topic, a.Field)
+		o.memo.put(a, *ad)
+		out, err = gcm.Open(dst, nonce, sealed[len(hb)+12:], *ad)
+		putAAD(ad)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrAuthentication, err)
 	}
@@ -113,6 +126,57 @@ var aadPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }
 func putAAD(b *[]byte) {
 	if cap(*b) <= 4<<10 {
 		aadPool.Put(b)
+	}
+}
+
+// aadMemo keeps the associated data of a data key's first aadSlots
+// (topic, field) pairs. A record's associated data is its topic, its field
+// and its header (recordLabel, appendAAD), and one data key's records all
+// have the same header: every record of a topic's field sealed or opened
+// with that key has the same associated data, built once here instead of
+// once per record. A nil memo keeps nothing.
+type aadMemo struct {
+	slots [aadSlots]atomic.Pointer[aadEntry]
+}
+
+// aadSlots: the value and a few sealed headers of one topic.
+const aadSlots = 4
+
+type aadEntry struct {
+	topic, field string
+	ad           []byte // read only: shared by every caller
+}
+
+// get returns the associated data of a for header hb, or nil when it is
+// not kept. The header is compared too: a record claiming the key with
+// other header bytes is bound to its own.
+func (m *aadMemo) get(a RecordAAD, hb []byte) []byte {
+	if m == nil {
+		return nil
+	}
+	for i := range m.slots {
+		e := m.slots[i].Load()
+		if e == nil {
+			return nil
+		}
+		if e.topic == a.Topic && e.field == a.Field && len(e.ad) >= len(hb) && bytes.Equal(e.ad[len(e.ad)-len(hb):], hb) {
+			return e.ad
+		}
+	}
+	return nil
+}
+
+// put keeps a copy of ad, the associated data of a, in a free slot (none
+// left: it is not kept).
+func (m *aadMemo) put(a RecordAAD, ad []byte) {
+	if m == nil {
+		return
+	}
+	e := &aadEntry{topic: strings.Clone(a.Topic), field: strings.Clone(a.Field), ad: bytes.Clone(ad)}
+	for i := range m.slots {
+		if m.slots[i].CompareAndSwap(nil, e) {
+			return
+		}
 	}
 }
 

@@ -165,6 +165,7 @@ func (d *decodedBatch) done(l *ledger) {
 	l.give(d.transient)
 	d.transient = 0
 	if d.sc != nil && !d.pinned && l != nil && l.mem != nil {
+		d.keepMaterialized()
 		l.mem.pool.put(d.sc)
 	}
 	d.sc, d.views = nil, nil
@@ -252,6 +253,23 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	out := buf[room : room+batchHeaderLen+len(recs)]
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
 	return buf[:room+len(out)], nil
+}
+
+// keepMaterialized gives the batch's materialized records' arrays to its
+// scratch for the next batch, the larger of them and what the scratch
+// holds. The batch's records must not be used afterwards.
+func (d *decodedBatch) keepMaterialized() {
+	s := d.sc
+	if cap(d.recs) > cap(s.recs) {
+		s.recs = d.recs[:0]
+	}
+	if cap(d.from) > cap(s.from) {
+		s.from = d.from[:0]
+	}
+	if cap(d.karena) > cap(s.karena) {
+		s.karena = d.karena[:0]
+	}
+	d.recs, d.from, d.karena = nil, nil, nil
 }
 
 // rawOf returns the bytes of recs[i] as read when it is unchanged, else nil.

@@ -333,9 +333,14 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 	}
 	res := &partitionResult{records: records, committed: committed, led: led}
 	if changed || reencoded {
-		var out []byte
-		for _, bw := range works {
-			out = append(out, bw.enc...)
+		// One batch (a producer's usual request per partition): its
+		// encoding is the partition's records, not copied into a new one.
+		out := works[0].enc
+		if len(works) > 1 {
+			out = nil
+			for _, bw := range works {
+				out = append(out, bw.enc...)
+			}
 		}
 		res.records, res.changed = out, true
 	}

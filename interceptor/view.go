@@ -51,11 +51,22 @@ type scratch struct {
 	// (Record.buffer: encrypt's sealed and opened values), in chunks
 	// filled in turn: outs[k][len(outs[k]):] is free.
 	outs [][]byte
+	// recs, from and karena are the last batch's materialized records
+	// (decodedBatch's fields of these names), kept for their capacity:
+	// a rewritten batch allocates none of them once its scratch is
+	// reused.
+	recs   []kmsg.Record
+	from   []int32
+	karena []kmsg.Header
 }
 
 func (s *scratch) size() int64 {
-	return int64(cap(s.views))*viewBytes + int64(cap(s.hdrs)+cap(s.work))*hdrBytes + int64(cap(s.buf)) + s.outsSize()
+	return int64(cap(s.views))*viewBytes + int64(cap(s.hdrs)+cap(s.work))*hdrBytes + int64(cap(s.buf)) + s.outsSize() +
+		int64(cap(s.recs))*recordStructBytes + int64(cap(s.from))*4 + int64(cap(s.karena))*kmsgHdrBytes
 }
+
+// kmsgHdrBytes is the size of a materialized record's header.
+const kmsgHdrBytes = int64(unsafe.Sizeof(kmsg.Header{}))
 
 // outsSize is the capacity of s.outs' chunks.
 func (s *scratch) outsSize() int64 {
@@ -319,6 +330,11 @@ func (d *decodedBatch) record(i int) kmsg.Record {
 // capacity ends with it.
 func (d *decodedBatch) kmsgHeaders(hs []Header) []kmsg.Header {
 	if cap(d.karena)-len(d.karena) < len(hs) {
+		if d.karena == nil && d.sc != nil && cap(d.sc.karena) >= len(hs) {
+			d.karena = d.sc.karena[:0] // the scratch's, this batch's first
+			d.sc.karena = nil          // taken: given back by keepMaterialized
+			return d.kmsgHeaders(hs)
+		}
 		d.karena = make([]kmsg.Header, 0, max(2*cap(d.karena), len(hs), 64))
 	}
 	start := len(d.karena)
@@ -335,8 +351,15 @@ func (d *decodedBatch) materialize(ctx context.Context, l *ledger, n int) ([]kms
 		return nil, err
 	}
 	d.transient += int64(len(d.views)) * recordStructBytes
-	recs := make([]kmsg.Record, n, len(d.views))
-	d.from = make([]int32, n, len(d.views))
+	var recs []kmsg.Record
+	if s := d.sc; s != nil && cap(s.recs) >= len(d.views) && cap(s.from) >= len(d.views) {
+		// The scratch's arrays, taken (given back by keepMaterialized).
+		recs, d.from = s.recs[:n], s.from[:n]
+		s.recs, s.from = nil, nil
+	} else {
+		recs = make([]kmsg.Record, n, len(d.views))
+		d.from = make([]int32, n, len(d.views))
+	}
 	for i := range recs {
 		recs[i] = d.record(i)
 		d.from[i] = int32(i)
@@ -392,6 +415,8 @@ func (p *bufPool) put(s *scratch) {
 	clear(s.hdrs[:cap(s.hdrs)]) // no string or slice kept alive by an idle scratch
 	clear(s.work[:cap(s.work)])
 	clear(s.views[:cap(s.views)])
+	clear(s.recs[:cap(s.recs)])
+	clear(s.karena[:cap(s.karena)])
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.idle+size > p.max || !p.mem.takeReclaimable(size) {

@@ -251,8 +251,15 @@ func decodeFetch(version int16, body []byte) (*kmsg.FetchRequest, error) {
 // requestFrame encodes a request frame: size, the client's own header bytes
 // (kept as sent: api key, version, correlation id, client id, tags), body.
 func requestFrame(header []byte, req kmsg.Request) []byte {
+	return requestFrameSized(header, req, 256)
+}
+
+// requestFrameSized is requestFrame with room for body bytes after the
+// header from the start, so that a large request is not grown (and copied)
+// by doubling as it is encoded.
+func requestFrameSized(header []byte, req kmsg.Request, body int) []byte {
 	// Encoded in place after the header: a produce request may be large.
-	out := make([]byte, 4, 4+len(header)+256)
+	out := make([]byte, 4, 4+len(header)+body)
 	out = append(out, header...)
 	out = req.AppendTo(out)
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
@@ -320,7 +327,9 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	if res.Rewritten == 0 && len(res.Answered) == 0 {
 		return nil, true, nil
 	}
-	return requestFrame(frame[4:4+h.Len], req), true, nil
+	// Rewritten records grow (encrypt: about 150 bytes per 1 KiB value):
+	// room for a quarter more than the request as it came.
+	return requestFrameSized(frame[4:4+h.Len], req, len(body)+len(body)/4+256), true, nil
 }
 
 // watchClient returns a context for work done on the client's behalf while
