@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kbin"
@@ -224,6 +225,10 @@ func FuzzReadFrame(f *testing.F) {
 	p := kmsg.NewPtrProduceRequest()
 	p.Version = 9
 	f.Add(encodeRequest(p, 2, nil))
+	// A header and acks past a short head read (peekRequest).
+	txn, long := strings.Repeat("t", 300), strings.Repeat("c", 300)
+	p.TransactionID = &txn
+	f.Add(encodeRequest(p, 3, &long))
 	f.Add([]byte{0, 0, 0, 4, 0, 18, 0, 9})
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -237,6 +242,7 @@ func FuzzReadFrame(f *testing.F) {
 				t.Fatalf("frame length %d disagrees with its prefix", len(frame))
 			}
 			h, err := ParseRequestHeader(frame[4:])
+			checkHeadComplete(t, frame[4:], h, err)
 			if err != nil {
 				continue
 			}
@@ -255,6 +261,40 @@ func FuzzReadFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkHeadComplete: a head of msg that requestHeadComplete accepts (the
+// short read of peekRequest) decides the request as the whole message does:
+// the same header, or the same refusal, and a Produce request's acks.
+func checkHeadComplete(t *testing.T, msg []byte, h RequestHeader, err error) {
+	t.Helper()
+	for _, k := range []int{0, 3, 8, 20, headRead - 4, len(msg)} {
+		head := msg[:min(k, len(msg))]
+		if !requestHeadComplete(head) {
+			continue
+		}
+		hh, herr := ParseRequestHeader(head)
+		if herr != nil {
+			for _, e := range []error{ErrUnknownKey, ErrUnsupportedVersion} {
+				if errors.Is(herr, e) != errors.Is(err, e) {
+					t.Fatalf("a %d-byte head: %v; the whole message: %v", len(head), herr, err)
+				}
+			}
+			continue
+		}
+		if err != nil || hh.Key != h.Key || hh.Version != h.Version || hh.CorrelationID != h.CorrelationID ||
+			hh.Flexible != h.Flexible || hh.Len != h.Len || (hh.ClientID == nil) != (h.ClientID == nil) ||
+			hh.ClientID != nil && *hh.ClientID != *h.ClientID {
+			t.Fatalf("a %d-byte head parses as %+v; the whole message as %+v, %v", len(head), hh, h, err)
+		}
+		if h.Key == keyProduce {
+			ha, herr := produceAcks(head[hh.Len:], hh.Version, hh.Flexible)
+			a, aerr := produceAcks(msg[h.Len:], h.Version, h.Flexible)
+			if herr != nil || aerr != nil || ha != a {
+				t.Fatalf("a %d-byte head: acks %d, %v; the whole message: %d, %v", len(head), ha, herr, a, aerr)
+			}
+		}
+	}
 }
 
 func TestReadFrameReusesBuffer(t *testing.T) {
