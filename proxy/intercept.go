@@ -278,6 +278,9 @@ func responseFrame(key, version int16, corr int32, resp kmsg.Response) []byte {
 // decode.
 func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out []byte, forward bool, err error) {
 	body := frame[4+h.Len:]
+	if f.streams.Len() == 0 && c.produceUntouched(h, body, f.gen.chain) {
+		return nil, true, nil // forwarded as it came, f.produce nil: nothing to merge or undo
+	}
 	req, err := decodeProduce(h.Version, body)
 	if err != nil {
 		return nil, false, err
@@ -321,6 +324,35 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		return nil, true, nil
 	}
 	return requestFrame(frame[4:4+h.Len], req), true, nil
+}
+
+// produceUntouched reports whether the chain would forward a Produce
+// request body as it came, by a skim of its record sets
+// (interceptor.Chain.ProduceUntouched): then it is forwarded undecoded.
+// A body the skim cannot read goes through the full decode.
+func (c *conn) produceUntouched(h RequestHeader, body []byte, chain *interceptor.Chain) bool {
+	var buf [8]interceptor.RecordSet
+	sets, err := produceRecordSets(h.Version, body, h.Flexible, buf[:0])
+	return err == nil && chain.ProduceUntouched(sets, c.s.ic.maxMessageBytes)
+}
+
+// fetchUntouched reports whether the chain would leave a Fetch response
+// body as it came (interceptor.Chain.FetchUntouched) and it names no
+// broker endpoint to rewrite, by a skim: then it is passed on undecoded,
+// once the fetch session it opens (session id) is noted.
+func (c *conn) fetchUntouched(f *inflight, body []byte) bool {
+	var buf [8]interceptor.RecordSet
+	sets, session, err := fetchRecordSets(f.version, body, buf[:0])
+	if err != nil || !f.gen.chain.FetchUntouched(sets) {
+		return false
+	}
+	if needsRewrite(keyFetch, f.version) {
+		if named, err := namesBrokers(keyFetch, f.version, body); err != nil || named {
+			return false
+		}
+	}
+	c.sessions.opened(session, f.newSession)
+	return true
 }
 
 // watchClient returns a context for work done on the client's behalf while
@@ -421,6 +453,9 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 	case keyFetch:
 		if !c.auth.ok() {
 			return nil, release, errors.New("a Fetch response on a connection that has not authenticated")
+		}
+		if c.fetchUntouched(f, body) {
+			return frame, release, nil
 		}
 		resp := kmsg.NewPtrFetchResponse()
 		resp.SetVersion(f.version)
