@@ -204,11 +204,17 @@ func skimSet(set []byte, skimmers []Skimmer, lim TopicLimit, fetch bool) bool {
 			return false
 		}
 		attrs := int16(binary.BigEndian.Uint16(raw[attrOffset:]))
-		if attrs&attrControl != 0 {
-			continue // transaction markers: the chain passes them untouched
-		}
 		if attrs&attrCodecMask != 0 {
 			return false // compressed: only the chain sees into it
+		}
+		n := int32(binary.BigEndian.Uint32(raw[numRecordsOffset:]))
+		if attrs&attrControl != 0 {
+			// Transaction markers: no interceptor sees them, but the
+			// chain reads them, and refuses them when they do not read.
+			if !skimRecords(raw[batchHeaderLen:], n, nil, partial) {
+				return false
+			}
+			continue
 		}
 		info := BatchInfo{Compression: "none", ProducerID: int64(binary.BigEndian.Uint64(raw[producerIDOffset:])),
 			ProducerEpoch: int16(binary.BigEndian.Uint16(raw[producerEpochOffset:])),
@@ -225,7 +231,6 @@ func skimSet(set []byte, skimmers []Skimmer, lim TopicLimit, fetch bool) bool {
 			}
 			specs = append(specs, sp)
 		}
-		n := int32(binary.BigEndian.Uint32(raw[numRecordsOffset:]))
 		if !skimRecords(raw[batchHeaderLen:], n, specs, partial) {
 			return false
 		}

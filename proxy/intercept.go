@@ -355,6 +355,23 @@ func (c *conn) fetchUntouched(f *inflight, body []byte) bool {
 	return true
 }
 
+// produceAsIs reports whether a Produce response to a request whose
+// partitions the interceptors did not answer or change (nothing to merge,
+// undo or confirm) goes to the client as it came: it refuses nothing as
+// MESSAGE_TOO_LARGE (which makes the proxy read the topic's
+// max.message.bytes again) and names no broker endpoint to rewrite. Found
+// by a walk of the body, not a decode.
+func (c *conn) produceAsIs(version int16, body []byte) bool {
+	if big, err := produceTooLarge(version, body); err != nil || big {
+		return false
+	}
+	if !needsRewrite(keyProduce, version) {
+		return true
+	}
+	named, err := namesBrokers(keyProduce, version, body)
+	return err == nil && !named
+}
+
 // watchClient returns a context for work done on the client's behalf while
 // the reader is busy with it: it ends when the connection closes or the
 // client goes away (a peek at its socket sees the end). stop ends the
@@ -407,6 +424,9 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 	case keyMetadata, keyDescribeTopicPartitions:
 		c.s.ic.learnTopics(f.key, f.version, body)
 	case keyProduce:
+		if f.produce == nil && c.produceAsIs(f.version, body) {
+			return frame, release, nil
+		}
 		resp := kmsg.NewPtrProduceResponse()
 		resp.SetVersion(f.version)
 		if err := resp.ReadFrom(body); err != nil {

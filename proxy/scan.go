@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/interceptor"
@@ -386,4 +387,49 @@ func fetchRecordSets(version int16, body []byte, sets []interceptor.RecordSet) (
 		return sets, 0, errShape
 	}
 	return sets, session, nil
+}
+
+// produceTooLarge reports whether a Produce response body (v3+) refuses a
+// partition with MESSAGE_TOO_LARGE (the proxy then forgets the topic's
+// cached max.message.bytes), walking it as kmsg decodes it without
+// allocating. errShape: a body that does not read this way to its end.
+func produceTooLarge(version int16, body []byte) (bool, error) {
+	if version < 3 {
+		return false, errShape
+	}
+	s := scanner{b: kbin.Reader{Src: body}, flexible: version >= produceFirstFlexible}
+	found := false
+	topics := s.arrayLen()
+	for t := int64(0); t < topics && s.b.Ok(); t++ {
+		s.topic(version)
+		n := s.arrayLen()
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32() // partition
+			if s.b.Int16() == kerr.MessageTooLarge.Code {
+				found = true
+			}
+			s.b.Int64() // base offset
+			s.b.Int64() // log append time
+			if version >= 5 {
+				s.b.Int64() // log start offset
+			}
+			if version >= 8 {
+				errs := s.arrayLen()
+				for e := int64(0); e < errs && s.b.Ok(); e++ {
+					s.b.Int32() // batch index
+					s.nullableStr()
+					s.tags()
+				}
+				s.nullableStr() // error message
+			}
+			s.tags()
+		}
+		s.tags()
+	}
+	s.b.Int32() // throttle
+	s.tags()
+	if err := s.b.Complete(); err != nil {
+		return false, errShape
+	}
+	return found, nil
 }
