@@ -55,7 +55,7 @@ func (c *Chain) ProduceUntouched(sets []RecordSet, limits func(topics []string) 
 		return true
 	}
 	var matching []string
-	sk := c.newSkimCache(false)
+	sk := skimCache{c: c}
 	for i := range sets {
 		name, skimmers, ok := sk.of(&sets[i])
 		if !ok {
@@ -101,7 +101,7 @@ func (c *Chain) FetchUntouched(sets []RecordSet) bool {
 	if len(c.fetch) == 0 {
 		return true
 	}
-	sk := c.newSkimCache(true)
+	sk := skimCache{c: c, fetch: true}
 	for i := range sets {
 		_, skimmers, ok := sk.of(&sets[i])
 		if !ok {
@@ -114,67 +114,87 @@ func (c *Chain) FetchUntouched(sets []RecordSet) bool {
 	return true
 }
 
+// skimEntry is a topic's skimmers (none: no interceptor matches it); ok
+// false: an interceptor matching it is no Skimmer.
+type skimEntry struct {
+	skimmers []Skimmer
+	ok       bool
+}
+
+// maxSkimTopics bounds the topics whose skimmers a chain remembers (topic
+// names come from clients): past it, the memory starts again.
+const maxSkimTopics = 4096
+
+// skimmersOf returns the skimmers of the interceptors of one side matching
+// topic, remembered per chain.
+func (c *Chain) skimmersOf(topic string, fetch bool) skimEntry {
+	side := 0
+	if fetch {
+		side = 1
+	}
+	c.skimMu.Lock()
+	e, found := c.skimTopics[side][topic]
+	c.skimMu.Unlock()
+	if found {
+		return e
+	}
+	e.ok = true
+	add := func(ic interface{ TopicPattern() *regexp.Regexp }) {
+		if !e.ok || !ic.TopicPattern().MatchString(topic) {
+			return
+		}
+		sk, ok := ic.(Skimmer)
+		e.skimmers, e.ok = append(e.skimmers, sk), ok
+	}
+	if fetch {
+		for _, ic := range c.fetch {
+			add(ic)
+		}
+	} else {
+		for _, ic := range c.produce {
+			add(ic)
+		}
+	}
+	if !e.ok {
+		e.skimmers = nil
+	}
+	c.skimMu.Lock()
+	if c.skimTopics[side] == nil || len(c.skimTopics[side]) >= maxSkimTopics {
+		c.skimTopics[side] = map[string]skimEntry{}
+	}
+	c.skimTopics[side][topic] = e
+	c.skimMu.Unlock()
+	return e
+}
+
 // skimCache resolves the skimmers of a request's topics, remembering the
 // last topic (a request lists each topic's partitions together).
 type skimCache struct {
 	c     *Chain
 	fetch bool
 	// the last topic asked for, as the set names it, and what of gave
-	set      bool
-	topic    string
-	id       [16]byte
-	name     string
-	skimmers []Skimmer
-	ok       bool
+	set   bool
+	topic string
+	id    [16]byte
+	name  string
+	e     skimEntry
 }
-
-func (c *Chain) newSkimCache(fetch bool) *skimCache { return &skimCache{c: c, fetch: fetch} }
 
 // of returns the set's topic name and the skimmers of the interceptors
 // matching it (none: no interceptor matches); ok false: an interceptor
 // matching it is no Skimmer, or the topic cannot be named.
 func (s *skimCache) of(rs *RecordSet) (string, []Skimmer, bool) {
 	if s.set && rs.Topic == s.topic && rs.TopicID == s.id {
-		return s.name, s.skimmers, s.ok
+		return s.name, s.e.skimmers, s.e.ok
 	}
-	s.set, s.topic, s.id, s.skimmers = true, rs.Topic, rs.TopicID, s.skimmers[:0]
+	s.set, s.topic, s.id = true, rs.Topic, rs.TopicID
 	var named bool
 	s.name, named = s.c.topicName(rs.Topic, rs.TopicID)
-	s.ok = named
+	s.e = skimEntry{}
 	if named {
-		s.ok = s.match(s.name)
+		s.e = s.c.skimmersOf(s.name, s.fetch)
 	}
-	return s.name, s.skimmers, s.ok
-}
-
-// match sets s.skimmers to those of the interceptors matching topic; false:
-// one of them is no Skimmer.
-func (s *skimCache) match(topic string) bool {
-	if s.fetch {
-		for _, ic := range s.c.fetch {
-			if !s.add(ic, topic) {
-				return false
-			}
-		}
-		return true
-	}
-	for _, ic := range s.c.produce {
-		if !s.add(ic, topic) {
-			return false
-		}
-	}
-	return true
-}
-
-func (s *skimCache) add(ic interface{ TopicPattern() *regexp.Regexp }, topic string) bool {
-	if !ic.TopicPattern().MatchString(topic) {
-		return true
-	}
-	sk, ok := ic.(Skimmer)
-	if ok {
-		s.skimmers = append(s.skimmers, sk)
-	}
-	return ok
+	return s.name, s.e.skimmers, s.e.ok
 }
 
 // maxSkimmers is how many skimmers' answers a batch's skim holds without
