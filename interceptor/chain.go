@@ -74,6 +74,11 @@ type Chain struct {
 	calls     int
 	closing   bool
 	closeOnce sync.Once
+	// skimMu guards skimTopics: the skimmers of the topics skimmed so
+	// far, produce [0] and fetch [1] (skim.go), so that a topic's
+	// patterns are matched once, not on every request.
+	skimMu     sync.Mutex
+	skimTopics [2]map[string]skimEntry
 }
 
 // closeInstances closes the instances, once.

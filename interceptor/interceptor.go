@@ -182,6 +182,38 @@ type FetchSizer interface {
 	GrowsBy(r *Record) (n int64, ok bool)
 }
 
+// Skimmer is implemented by an interceptor (produce or fetch side) that
+// acts on few records and can tell which from a record's wire form alone:
+// its length and its header names. When every interceptor matching a
+// topic is a Skimmer, the proxy reads that topic's record sets in place
+// (Chain.ProduceUntouched, Chain.FetchUntouched) and passes a request or
+// response none of whose records any of them may act on as its bytes: no
+// record decoded, no interceptor called, no goroutine or timer, nothing
+// encoded. Records of compressed batches are not skimmed: the chain sees
+// them. An interceptor that decides from the records' contents (encrypt,
+// redact, validate-*, wasm) is not a Skimmer and sees every record.
+//
+// large-message is one: on produce it acts on records longer than its
+// threshold and on those carrying a reference (header large-message or
+// large-message-key, verified); on fetch on those carrying a reference.
+type Skimmer interface {
+	// Skim says which records of an uncompressed batch described by
+	// info the interceptor may act on (on produce info carries the
+	// topic's max.message.bytes and compression.type; on fetch they are
+	// unknown). ok false: any of them (the batch goes through the chain).
+	Skim(info BatchInfo) (s Skim, ok bool)
+}
+
+// Skim is what a Skimmer may act on in an uncompressed batch: a record
+// whose length in the batch's records section, its length varint
+// included, is over MaxRecordBytes, or that carries a header named in
+// Headers (whatever its value).
+type Skim struct {
+	// MaxRecordBytes in bytes; -1: no record is acted on for its size.
+	MaxRecordBytes int64
+	Headers        []string
+}
+
 // Instance is what a Factory builds: a produce-time interceptor, a
 // fetch-time one, or both (either may be nil), and what to release.
 type Instance struct {

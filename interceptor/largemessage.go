@@ -278,6 +278,44 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 	})
 }
 
+// referenceHeaders are the headers that mark a record's key or value as a
+// reference (referenced): such a record is always acted on.
+var referenceHeaders = []string{largemessage.HeaderLargeMessage, largemessage.HeaderLargeMessageKey}
+
+// Skim implements Skimmer: in an uncompressed batch, ProcessRecord acts on
+// a record that carries a reference (its header, whatever its value) or
+// that does not fit the threshold; the skim bounds the record by its
+// length in the batch, which is at least the length Codec.Fits measures
+// (that one has zero timestamp and offset deltas), so a record the skim
+// passes fits. ok false for a compressed batch.
+func (l *LargeMessage) Skim(info BatchInfo) (Skim, bool) {
+	if info.Compression != "none" {
+		return Skim{}, false
+	}
+	lim := l.limits(&Record{Batch: info})
+	codec := largemessage.Codec{Type: "none"}
+	fits := func(u int64) bool { ok, decided := codec.FitsLen(lim, u); return ok && decided }
+	hi := lim.Threshold
+	if !fits(hi) {
+		// The broker recompresses the batch (the topic's compression.type
+		// is a codec): the largest length that fits, by bisection.
+		lo := int64(0)
+		if !fits(lo) {
+			return Skim{}, false
+		}
+		for lo < hi-1 {
+			mid := lo + (hi-lo)/2
+			if fits(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		hi = lo
+	}
+	return Skim{MaxRecordBytes: hi, Headers: referenceHeaders}, true
+}
+
 // Shrink plans the offload of r's value whatever its size (BatchShrinker),
 // unless it is null or already a reference.
 func (l *LargeMessage) Shrink(ctx context.Context, r *Record) (bool, error) {
@@ -374,6 +412,12 @@ type fetchSide struct{ l *LargeMessage }
 
 func (f fetchSide) Name() string                 { return "large-message" }
 func (f fetchSide) TopicPattern() *regexp.Regexp { return f.l.pattern }
+
+// Skim implements Skimmer: on fetch only a record carrying a reference is
+// acted on.
+func (f fetchSide) Skim(BatchInfo) (Skim, bool) {
+	return Skim{MaxRecordBytes: -1, Headers: referenceHeaders}, true
+}
 
 // GrowsBy implements FetchSizer: a reference grows by its payload's size,
 // read from the record's size header (the digest check stops a download

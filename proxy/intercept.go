@@ -285,6 +285,9 @@ func responseFrame(key, version int16, corr int32, resp kmsg.Response) []byte {
 // decode.
 func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out []byte, forward bool, err error) {
 	body := frame[4+h.Len:]
+	if f.streams.Len() == 0 && c.produceUntouched(h, body, f.gen.chain) {
+		return nil, true, nil // forwarded as it came, f.produce nil: nothing to merge or undo
+	}
 	req, err := decodeProduce(h.Version, body)
 	if err != nil {
 		return nil, false, err
@@ -330,6 +333,52 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	// Rewritten records grow (encrypt: about 150 bytes per 1 KiB value):
 	// room for a quarter more than the request as it came.
 	return requestFrameSized(frame[4:4+h.Len], req, len(body)+len(body)/4+256), true, nil
+}
+
+// produceUntouched reports whether the chain would forward a Produce
+// request body as it came, by a skim of its record sets
+// (interceptor.Chain.ProduceUntouched): then it is forwarded undecoded.
+// A body the skim cannot read goes through the full decode.
+func (c *conn) produceUntouched(h RequestHeader, body []byte, chain *interceptor.Chain) bool {
+	var buf [8]interceptor.RecordSet
+	sets, err := produceRecordSets(h.Version, body, h.Flexible, buf[:0])
+	return err == nil && chain.ProduceUntouched(sets, c.s.ic.maxMessageBytes)
+}
+
+// fetchUntouched reports whether the chain would leave a Fetch response
+// body as it came (interceptor.Chain.FetchUntouched) and it names no
+// broker endpoint to rewrite, by a skim: then it is passed on undecoded,
+// once the fetch session it opens (session id) is noted.
+func (c *conn) fetchUntouched(f *inflight, body []byte) bool {
+	var buf [8]interceptor.RecordSet
+	sets, session, err := fetchRecordSets(f.version, body, buf[:0])
+	if err != nil || !f.gen.chain.FetchUntouched(sets) {
+		return false
+	}
+	if needsRewrite(keyFetch, f.version) {
+		if named, err := namesBrokers(keyFetch, f.version, body); err != nil || named {
+			return false
+		}
+	}
+	c.sessions.opened(session, f.newSession)
+	return true
+}
+
+// produceAsIs reports whether a Produce response to a request whose
+// partitions the interceptors did not answer or change (nothing to merge,
+// undo or confirm) goes to the client as it came: it refuses nothing as
+// MESSAGE_TOO_LARGE (which makes the proxy read the topic's
+// max.message.bytes again) and names no broker endpoint to rewrite. Found
+// by a walk of the body, not a decode.
+func (c *conn) produceAsIs(version int16, body []byte) bool {
+	if big, err := produceTooLarge(version, body); err != nil || big {
+		return false
+	}
+	if !needsRewrite(keyProduce, version) {
+		return true
+	}
+	named, err := namesBrokers(keyProduce, version, body)
+	return err == nil && !named
 }
 
 // watchClient returns a context for work done on the client's behalf while
@@ -384,6 +433,9 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 	case keyMetadata, keyDescribeTopicPartitions:
 		c.s.ic.learnTopics(f.key, f.version, body)
 	case keyProduce:
+		if f.produce == nil && c.produceAsIs(f.version, body) {
+			return frame, release, nil
+		}
 		resp := kmsg.NewPtrProduceResponse()
 		resp.SetVersion(f.version)
 		if err := resp.ReadFrom(body); err != nil {
@@ -430,6 +482,9 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 	case keyFetch:
 		if !c.auth.ok() {
 			return nil, release, errors.New("a Fetch response on a connection that has not authenticated")
+		}
+		if c.fetchUntouched(f, body) {
+			return frame, release, nil
 		}
 		resp := kmsg.NewPtrFetchResponse()
 		resp.SetVersion(f.version)

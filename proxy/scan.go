@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kbin"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/interceptor"
@@ -280,4 +281,155 @@ func (s *scanner) fetchResponse(version int16, records func(left int)) {
 		}
 		s.tags()
 	}
+}
+
+// name reads a topic name (a string, compact in flexible versions) as a
+// string over the body's bytes, or a topic id (v13+).
+func (s *scanner) topic(version int16) (name string, id [16]byte) {
+	switch {
+	case version >= 13:
+		id = s.b.Uuid()
+	case s.flexible:
+		name = s.b.UnsafeCompactString()
+	default:
+		name = s.b.UnsafeString()
+	}
+	return name, id
+}
+
+// records reads a nullable bytes field (a record set) over the body's bytes.
+func (s *scanner) records() []byte {
+	if s.flexible {
+		return s.b.CompactNullableBytes()
+	}
+	return s.b.NullableBytes()
+}
+
+// produceRecordSets appends to sets the record set of every partition of a
+// Produce request body (v3+: magic v2 batches), read in place as kmsg
+// decodes it, strings and record sets over body's bytes: what the chain
+// skims (interceptor.Chain.ProduceUntouched) before it decodes anything.
+// errShape: a body that does not read this way to its end (the full decode
+// then decides).
+func produceRecordSets(version int16, body []byte, flexible bool, sets []interceptor.RecordSet) ([]interceptor.RecordSet, error) {
+	s := scanner{b: kbin.Reader{Src: body}, flexible: flexible}
+	if version < 3 {
+		return sets, errShape
+	}
+	s.nullableStr() // transactional id
+	s.b.Int16()     // acks
+	s.b.Int32()     // timeout
+	topics := s.arrayLen()
+	for t := int64(0); t < topics && s.b.Ok(); t++ {
+		name, id := s.topic(version)
+		n := s.arrayLen()
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32() // partition
+			sets = append(sets, interceptor.RecordSet{Topic: name, TopicID: id, Records: s.records()})
+			s.tags()
+		}
+		s.tags()
+	}
+	s.tags()
+	if err := s.b.Complete(); err != nil {
+		return sets, errShape
+	}
+	return sets, nil
+}
+
+// fetchRecordSets appends to sets the record set of every partition of a
+// Fetch response body (v4+) that has no error, read in place
+// as kmsg decodes it (see produceRecordSets), and returns the response's
+// session id (v7+; 0 before). errShape: a body that does not read this way
+// to its end.
+func fetchRecordSets(version int16, body []byte, sets []interceptor.RecordSet) ([]interceptor.RecordSet, int32, error) {
+	if version < 4 {
+		return sets, 0, errShape
+	}
+	s := scanner{b: kbin.Reader{Src: body}, flexible: version >= fetchFirstFlexible}
+	s.b.Int32() // throttle
+	var session int32
+	if version >= 7 {
+		s.b.Int16() // error code
+		session = s.b.Int32()
+	}
+	topics := s.arrayLen()
+	for t := int64(0); t < topics && s.b.Ok(); t++ {
+		name, id := s.topic(version)
+		n := s.arrayLen()
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32() // partition
+			code := s.b.Int16()
+			s.b.Int64() // high watermark
+			s.b.Int64() // last stable offset
+			if version >= 5 {
+				s.b.Int64() // log start offset
+			}
+			aborted := s.arrayLen()
+			for a := int64(0); a < aborted && s.b.Ok(); a++ {
+				s.b.Int64() // producer id
+				s.b.Int64() // first offset
+				s.tags()
+			}
+			if version >= 11 {
+				s.b.Int32() // preferred read replica
+			}
+			recs := s.records()
+			if code == 0 { // (the chain leaves the others as they are)
+				sets = append(sets, interceptor.RecordSet{Topic: name, TopicID: id, Records: recs})
+			}
+			s.tags() // diverging epoch, current leader, snapshot id
+		}
+		s.tags()
+	}
+	s.tags()
+	if err := s.b.Complete(); err != nil {
+		return sets, 0, errShape
+	}
+	return sets, session, nil
+}
+
+// produceTooLarge reports whether a Produce response body (v3+) refuses a
+// partition with MESSAGE_TOO_LARGE (the proxy then forgets the topic's
+// cached max.message.bytes), walking it as kmsg decodes it without
+// allocating. errShape: a body that does not read this way to its end.
+func produceTooLarge(version int16, body []byte) (bool, error) {
+	if version < 3 {
+		return false, errShape
+	}
+	s := scanner{b: kbin.Reader{Src: body}, flexible: version >= produceFirstFlexible}
+	found := false
+	topics := s.arrayLen()
+	for t := int64(0); t < topics && s.b.Ok(); t++ {
+		s.topic(version)
+		n := s.arrayLen()
+		for p := int64(0); p < n && s.b.Ok(); p++ {
+			s.b.Int32() // partition
+			if s.b.Int16() == kerr.MessageTooLarge.Code {
+				found = true
+			}
+			s.b.Int64() // base offset
+			s.b.Int64() // log append time
+			if version >= 5 {
+				s.b.Int64() // log start offset
+			}
+			if version >= 8 {
+				errs := s.arrayLen()
+				for e := int64(0); e < errs && s.b.Ok(); e++ {
+					s.b.Int32() // batch index
+					s.nullableStr()
+					s.tags()
+				}
+				s.nullableStr() // error message
+			}
+			s.tags()
+		}
+		s.tags()
+	}
+	s.b.Int32() // throttle
+	s.tags()
+	if err := s.b.Complete(); err != nil {
+		return false, errShape
+	}
+	return found, nil
 }
