@@ -257,22 +257,7 @@ func (s *scanner) fetchResponse(version int16, records func(left int)) {
 		}
 		n := s.arrayLen()
 		for p := int64(0); p < n && s.b.Ok(); p++ {
-			s.b.Int32() // partition
-			s.b.Int16() // error code
-			s.b.Int64() // high watermark
-			s.b.Int64() // last stable offset
-			if version >= 5 {
-				s.b.Int64() // log start offset
-			}
-			aborted := s.arrayLen()
-			for a := int64(0); a < aborted && s.b.Ok(); a++ {
-				s.b.Int64() // producer id
-				s.b.Int64() // first offset
-				s.tags()
-			}
-			if version >= 11 {
-				s.b.Int32() // preferred read replica
-			}
+			s.fetchPartitionHead(version)
 			if records != nil {
 				records(len(s.b.Src))
 			}
@@ -298,6 +283,28 @@ func (s *scanner) topic(version int16) (name string, id [16]byte) {
 }
 
 // records reads a nullable bytes field (a record set) over the body's bytes.
+// fetchPartitionHead reads a Fetch response partition's fields before its
+// records (kmsg.FetchResponseTopicPartition) and returns its error code.
+func (s *scanner) fetchPartitionHead(version int16) int16 {
+	s.b.Int32() // partition
+	code := s.b.Int16()
+	s.b.Int64() // high watermark
+	s.b.Int64() // last stable offset
+	if version >= 5 {
+		s.b.Int64() // log start offset
+	}
+	aborted := s.arrayLen()
+	for a := int64(0); a < aborted && s.b.Ok(); a++ {
+		s.b.Int64() // producer id
+		s.b.Int64() // first offset
+		s.tags()
+	}
+	if version >= 11 {
+		s.b.Int32() // preferred read replica
+	}
+	return code
+}
+
 func (s *scanner) records() []byte {
 	if s.flexible {
 		return s.b.CompactNullableBytes()
@@ -358,22 +365,7 @@ func fetchRecordSets(version int16, body []byte, sets []interceptor.RecordSet) (
 		name, id := s.topic(version)
 		n := s.arrayLen()
 		for p := int64(0); p < n && s.b.Ok(); p++ {
-			s.b.Int32() // partition
-			code := s.b.Int16()
-			s.b.Int64() // high watermark
-			s.b.Int64() // last stable offset
-			if version >= 5 {
-				s.b.Int64() // log start offset
-			}
-			aborted := s.arrayLen()
-			for a := int64(0); a < aborted && s.b.Ok(); a++ {
-				s.b.Int64() // producer id
-				s.b.Int64() // first offset
-				s.tags()
-			}
-			if version >= 11 {
-				s.b.Int32() // preferred read replica
-			}
+			code := s.fetchPartitionHead(version)
 			recs := s.records()
 			if code == 0 { // (the chain leaves the others as they are)
 				sets = append(sets, interceptor.RecordSet{Topic: name, TopicID: id, Records: recs})
