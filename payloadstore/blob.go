@@ -87,8 +87,9 @@ type BlobStore struct {
 	budget        Budget // download buffers are charged to it
 	// For S3 only: aborts the multipart uploads of a full key (the bucket's
 	// prefix included) that a failed or cancelled Publish could not abort
-	// itself (cloud.go); nil for the other clouds.
-	abort     func(ctx context.Context, fullKey string)
+	// itself, and sizes a streamed upload's first part (cloud.go); nil for
+	// the other clouds.
+	s3        *s3Uploads
 	conns     *connSet // S3: the client's connections, closed by Close
 	keyPrefix string   // the URL's prefix and "/", or ""
 }
@@ -153,7 +154,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	}
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket below.
-	b, abort, conns, err := openCloudBucket(ctx, u, bucketName, max(dlConc, concurrency))
+	b, s3u, conns, err := openCloudBucket(ctx, u, bucketName, max(dlConc, concurrency))
 	if err != nil {
 		hint := ""
 		if u.Scheme == schemeAzure && os.Getenv("AZURE_STORAGE_ACCOUNT") == "" {
@@ -180,7 +181,7 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 		return fail(false, fmt.Errorf("%w: bucket (or container) %q does not exist", ErrInvalidConfig, bucketName))
 	}
 	st := &BlobStore{bucket: b, root: root, class: class, gen: opts.IDGenerator, partSize: partSize, concurrency: concurrency,
-		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, abort: abort, conns: conns}
+		dlPart: dlPart, dlConcurrency: dlConc, budget: opts.DownloadBudget, s3: s3u, conns: conns}
 	if prefix != "" {
 		st.keyPrefix = prefix + "/"
 	}
@@ -215,15 +216,16 @@ func (s *BlobStore) onePass(p Payload) bool { return p.ReadOnce && (p.ID != "" |
 // of S3's smallest size (5 MiB), at most MaxStreamUploadBuffer / 5 MiB of
 // them in flight (2), below large.message.payload.store.upload.concurrency.
 // (The S3 uploader holds one more part being filled, and reads the first
-// 16 MiB whole to choose between one PUT and a multipart upload.)
+// part whole before it starts the multipart upload.)
 const MaxStreamUploadBuffer = 10 << 20
 
 // ReadOnceUploadBytes is the most memory one ReadOnce upload holds in
-// any store of this package: the S3 uploader's first read (16 MiB, whole,
-// to choose between one PUT and a multipart upload) and its part buffers
-// (MaxStreamUploadBuffer, plus the part being filled). The proxy charges
-// it to proxy.memory.max.bytes for each value it streams.
-const ReadOnceUploadBytes = 16<<20 + MaxStreamUploadBuffer + minPartSizeBytes
+// any store of this package (20 MiB): the S3 uploader's first part, read
+// whole to start the multipart upload, and its part buffers
+// (MaxStreamUploadBuffer, plus the part being filled; GCS and Azure hold
+// less). The proxy charges it to proxy.memory.max.bytes for each value it
+// streams.
+const ReadOnceUploadBytes = minPartSizeBytes + MaxStreamUploadBuffer + minPartSizeBytes
 
 // streamUploadParts returns the part size and parts in flight of a
 // ReadOnce upload (MaxStreamUploadBuffer).
@@ -255,16 +257,19 @@ func (s *BlobStore) Publish(ctx context.Context, topic string, p Payload) (Paylo
 	if !p.Unhashed {
 		meta = map[string]string{"ferry-sha256": p.HexSHA256()}
 	}
-	partSize, concurrency := s.partSize, s.concurrency
-	if p.ReadOnce {
-		partSize, concurrency = streamUploadParts(s.concurrency)
-	}
-	w, err := s.bucket.NewWriter(wctx, key, &blob.WriterOptions{
-		BufferSize:     partSize,
-		MaxConcurrency: concurrency,
+	wo := &blob.WriterOptions{
+		BufferSize:     s.partSize,
+		MaxConcurrency: s.concurrency,
 		ContentType:    "application/octet-stream",
 		Metadata:       meta,
-	})
+	}
+	if p.ReadOnce {
+		wo.BufferSize, wo.MaxConcurrency = streamUploadParts(s.concurrency)
+		if s.s3 != nil {
+			wo.BeforeWrite = s.s3.partSized(wo.BufferSize, wo.MaxConcurrency)
+		}
+	}
+	w, err := s.bucket.NewWriter(wctx, key, wo)
 	if err != nil {
 		return PayloadResponse{}, s.fail("publish", full, err)
 	}
@@ -388,7 +393,7 @@ func (s *BlobStore) Touch(ctx context.Context, key string) error {
 	if err := s.checkKey("touch", key); err != nil {
 		return err
 	}
-	if s.abort == nil { // not S3
+	if s.s3 == nil { // not S3
 		if err := s.bucket.Copy(ctx, key, key, nil); err != nil {
 			return s.fail("touch", s.root.Path(key), err)
 		}
@@ -491,12 +496,12 @@ func retryable(err error) bool {
 // Azure blocks expire by themselves. Failures are ignored (a bucket lifecycle
 // rule AbortIncompleteMultipartUpload is the backstop, docs/OPERATIONS.md).
 func (s *BlobStore) abortIncomplete(ctx context.Context, key string) {
-	if s.abort == nil {
+	if s.s3 == nil {
 		return
 	}
 	// In the background: the publish has failed already and must not wait
 	// beyond large.message.payload.store.timeout.ms for the clean-up.
-	go s.abort(context.WithoutCancel(ctx), s.keyPrefix+key)
+	go s.s3.abort(context.WithoutCancel(ctx), s.keyPrefix+key)
 }
 
 // resumingReader reads an object; when a read fails mid-stream with a

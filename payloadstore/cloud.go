@@ -20,7 +20,9 @@ import (
 
 	"cloud.google.com/go/storage"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go/logging"
@@ -39,19 +41,19 @@ func init() {
 }
 
 // openCloudBucket opens the bucket of u (scheme s3, gs or azblob) without
-// its prefix. For S3 it also returns the function that aborts a key's
-// multipart uploads and the set of connections the client dials (conns:
+// its prefix. For S3 it also returns the S3 calls gocloud.dev does not
+// make (s3Uploads) and the set of connections the client dials (conns:
 // the most requests one upload or download has in flight).
-func openCloudBucket(ctx context.Context, u *url.URL, bucketName string, conns int) (*blob.Bucket, func(context.Context, string), *connSet, error) {
+func openCloudBucket(ctx context.Context, u *url.URL, bucketName string, conns int) (*blob.Bucket, *s3Uploads, *connSet, error) {
 	// gocloud.dev takes the bucket from the host and its own options from
 	// the query; the prefix is applied with PrefixedBucket by the caller.
 	if u.Scheme == s3blob.Scheme {
 		set := &connSet{}
-		b, client, err := openS3Bucket(ctx, bucketName, u.Query(), conns, set)
+		b, client, checksum, err := openS3Bucket(ctx, bucketName, u.Query(), conns, set)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		return b, s3AbortUploads(client, bucketName), set, nil
+		return b, &s3Uploads{client: client, bucket: bucketName, checksum: checksum}, set, nil
 	}
 	gu := url.URL{Scheme: u.Scheme, Host: bucketName, RawQuery: u.RawQuery}
 	b, err := blob.OpenBucket(ctx, gu.String())
@@ -104,7 +106,7 @@ func httpStatus(err error) int {
 // so that ranged GETs reuse them instead of opening new ones (the SDK keeps
 // 10 per host by default). Every connection it dials is held in set, which
 // the store's Close closes.
-func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, set *connSet) (*blob.Bucket, *s3.Client, error) {
+func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, set *connSet) (*blob.Bucket, *s3.Client, aws.RequestChecksumCalculation, error) {
 	var opts s3blob.Options
 	var clientOpts []func(*s3.Options)
 	boolParam := func(key string, set func(o *s3.Options, v bool)) error {
@@ -127,7 +129,7 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, s
 		"accelerate":       func(o *s3.Options, v bool) { o.UseAccelerate = v },
 	} {
 		if err := boolParam(key, set); err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 	}
 	if v := q.Get("ssetype"); v != "" {
@@ -140,7 +142,7 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, s
 	}
 	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	// The SDK logs to stderr by default (e.g. "falling back to IMDSv1"
 	// while looking for credentials); Ferry reports errors itself.
@@ -156,26 +158,59 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, s
 	client := s3.NewFromConfig(cfg, clientOpts...)
 	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
 	b, err := s3blob.OpenBucket(ctx, client, bucket, &opts)
-	return b, client, err
+	return b, client, cfg.RequestChecksumCalculation, err
 }
 
-// s3AbortUploads aborts the multipart uploads of full (a key in bucket, its
+// s3Uploads are the S3 calls of a BlobStore that gocloud.dev's bucket
+// does not make: aborting the multipart uploads a failed Publish left, and
+// choosing an upload's multipart threshold.
+type s3Uploads struct {
+	client   *s3.Client
+	bucket   string
+	checksum aws.RequestChecksumCalculation // the client's, which the transfer manager must repeat
+}
+
+// abort aborts the multipart uploads of full (a key in the bucket, its
 // prefix included) begun in the last hour, within 30 s; failures are
 // ignored (see BlobStore.abortIncomplete).
-func s3AbortUploads(client *s3.Client, bucket string) func(ctx context.Context, full string) {
-	return func(ctx context.Context, full string) {
-		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		out, err := client.ListMultipartUploads(actx, &s3.ListMultipartUploadsInput{Bucket: &bucket, Prefix: &full})
-		if err != nil {
-			return
+func (u *s3Uploads) abort(ctx context.Context, full string) {
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := u.client.ListMultipartUploads(actx, &s3.ListMultipartUploadsInput{Bucket: &u.bucket, Prefix: &full})
+	if err != nil {
+		return
+	}
+	since := time.Now().Add(-time.Hour)
+	for _, up := range out.Uploads {
+		if up.Key == nil || *up.Key != full || (up.Initiated != nil && up.Initiated.Before(since)) {
+			continue
 		}
-		since := time.Now().Add(-time.Hour)
-		for _, up := range out.Uploads {
-			if up.Key == nil || *up.Key != full || (up.Initiated != nil && up.Initiated.Before(since)) {
-				continue
-			}
-			_, _ = client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &bucket, Key: up.Key, UploadId: up.UploadId})
+		_, _ = u.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &u.bucket, Key: up.Key, UploadId: up.UploadId})
+	}
+}
+
+// partSized returns a blob.WriterOptions.BeforeWrite that makes an upload
+// go multipart from its first part of partSize bytes, with concurrency
+// parts in flight. The transfer manager otherwise reads the first 16 MiB
+// (its MultipartUploadThreshold) whole, into a slice grown by appending
+// (about five times that allocated on the way), before it starts a
+// multipart upload; for a value streamed from a client that is most of
+// what the upload holds. The cost: an object of partSize to 16 MiB is a
+// multipart upload (two more requests) instead of one PUT.
+func (u *s3Uploads) partSized(partSize, concurrency int) func(as func(any) bool) error {
+	return func(as func(any) bool) error {
+		var tm *transfermanager.Client
+		if !as(&tm) || tm == nil {
+			return nil
 		}
+		// gocloud.dev makes one transfer manager per writer and hands it
+		// out for this; its options are set only by New.
+		*tm = *transfermanager.New(u.client, func(o *transfermanager.Options) {
+			o.RequestChecksumCalculation = u.checksum
+			o.PartSizeBytes = int64(partSize)
+			o.Concurrency = concurrency
+			o.MultipartUploadThreshold = int64(partSize)
+		})
+		return nil
 	}
 }

@@ -105,6 +105,10 @@ that need a restart are named in a warning).`,
 			if s.AdminAddr() != "" {
 				fmt.Fprintf(a.stdout, "ferry proxy: metrics http://%s/metrics\n", s.AdminAddr())
 			}
+			// Serving from here on: what start-up alone used of the
+			// program's pages and of the heap goes back (docs/OPERATIONS.md).
+			releaseProgramPages()
+			debug.FreeOSMemory()
 			reload := func(trigger string) {
 				_ = s.ReloadWith(ctx, trigger, func() (proxy.Config, error) {
 					c, err := a.proxyConfig(cmd, configFile, pf)
