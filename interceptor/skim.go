@@ -270,10 +270,10 @@ func skimRecords(src []byte, n int32, specs []Skim, partial bool) bool {
 	}
 	for i := int32(0); i < n; i++ {
 		ln, vl := kbin.Varint(src)
-		if partial && (vl == 0 || int64(vl)+int64(ln) > int64(len(src))) {
+		if partial && (vl <= 0 || int64(vl)+int64(ln) > int64(len(src))) {
 			return ln > 0 || vl == 0 // the cut record: no client reads it
 		}
-		if vl == 0 || ln <= 0 || int64(vl)+int64(ln) > int64(len(src)) {
+		if vl <= 0 || ln <= 0 || int64(vl)+int64(ln) > int64(len(src)) {
 			return false
 		}
 		size := int64(vl) + int64(ln)
@@ -310,13 +310,13 @@ func skimRecord(b []byte, specs []Skim) bool {
 		return false
 	}
 	nh, vl := kbin.Varint(b)
-	if vl == 0 || nh < 0 || int64(nh) > int64(len(b)) {
+	if vl <= 0 || nh < 0 || int64(nh) > int64(len(b)) {
 		return false
 	}
 	b = b[vl:]
 	for range nh {
 		kl, vl := kbin.Varint(b)
-		if vl == 0 || kl < 0 || int64(vl)+int64(kl) > int64(len(b)) {
+		if vl <= 0 || kl < 0 || int64(vl)+int64(kl) > int64(len(b)) {
 			return false
 		}
 		key := b[vl : vl+int(kl)]
@@ -343,18 +343,24 @@ func skipN(b []byte, n int) ([]byte, bool) {
 
 func skipVarint(b []byte) ([]byte, bool) {
 	_, n := kbin.Varint(b)
-	return b[n:], n > 0
+	if n <= 0 { // cut, or longer than 5 bytes (kbin returns -5)
+		return nil, false
+	}
+	return b[n:], true
 }
 
 func skipVarlong(b []byte) ([]byte, bool) {
 	_, n := kbin.Varlong(b)
-	return b[n:], n > 0
+	if n <= 0 { // cut, or longer than 10 bytes (kbin returns -10)
+		return nil, false
+	}
+	return b[n:], true
 }
 
 // skipBytes passes over a varint-length field; -1 is null when nullable.
 func skipBytes(b []byte, nullable bool) ([]byte, bool) {
 	l, n := kbin.Varint(b)
-	if n == 0 || l < -1 || l == -1 && !nullable || int64(n)+int64(max(l, 0)) > int64(len(b)) {
+	if n <= 0 || l < -1 || l == -1 && !nullable || int64(n)+int64(max(l, 0)) > int64(len(b)) {
 		return nil, false
 	}
 	return b[n+int(max(l, 0)):], true

@@ -172,3 +172,55 @@ func TestSkimFetch(t *testing.T) {
 		t.Fatal("a topic id the chain cannot name was skimmed as untouched")
 	}
 }
+
+// A varint or varlong that runs past its longest encoding (kbin returns a
+// negative length for it) at any field of a record is refused by the skim
+// and by the chain's record decoder, never sliced with: a client's batch
+// with a valid CRC around such a record must not panic the proxy.
+func TestOverlongVarintInRecord(t *testing.T) {
+	ch := skimChain(t)
+	fn := func(context.Context, *Record) error { return nil }
+	look := NewChain([]Instance{{Produce: &funcIcpt{name: "p", re: mustPattern("lm"), fn: fn},
+		Fetch: &funcIcpt{name: "f", re: mustPattern("lm"), fn: fn}}}, Options{})
+	over5, over10 := bytes.Repeat([]byte{0xff}, 5), bytes.Repeat([]byte{0xff}, 10)
+	cat := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+	withLen := func(body []byte) []byte { return append(binary.AppendVarint(nil, int64(len(body))), body...) }
+	null, one, zero := []byte{0x01}, []byte{0x02, 'a'}, []byte{0x00}
+	for _, c := range []struct {
+		name    string
+		records []byte
+	}{
+		{"record length", cat(over5, []byte{0x0f}, make([]byte, 8))},
+		{"timestamp delta", withLen(cat(zero, over10, make([]byte, 6)))},
+		{"offset delta", withLen(cat(zero, zero, over5, make([]byte, 6)))},
+		{"key length", withLen(cat(zero, zero, zero, over5, make([]byte, 6)))},
+		{"value length", withLen(cat(zero, zero, zero, null, over5, make([]byte, 6)))},
+		{"header count", withLen(cat(zero, zero, zero, null, one, over5, make([]byte, 6)))},
+		{"header key length", withLen(cat(zero, zero, zero, null, one, []byte{0x02}, over5, make([]byte, 6)))},
+		{"header value length", withLen(cat(zero, zero, zero, null, one, []byte{0x02}, []byte{0x02, 'h'}, over5, make([]byte, 6)))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := plainHeader(1, 0)
+			h.Records = c.records
+			h.Length = int32(49 + len(c.records))
+			b := withCRC(h.AppendTo(nil))
+			set := []RecordSet{{Topic: "lm", Records: b}}
+			if ch.ProduceUntouched(set, limit64k) {
+				t.Fatal("the produce skim passed the batch")
+			}
+			if ch.FetchUntouched(set) {
+				t.Fatal("the fetch skim passed the batch")
+			}
+			out := look.InterceptProduce(context.Background(), buildRequest(t, map[string][]byte{"lm": bytes.Clone(b)}), allTopics(1<<20))
+			if out.Forward {
+				t.Fatal("the chain forwarded the batch")
+			}
+			out.Release()
+			fo := look.InterceptFetch(context.Background(), fetchResponse(map[string][]byte{"lm": bytes.Clone(b)}))
+			if len(fo.Failed) == 0 {
+				t.Fatal("the chain's fetch did not fail the partition")
+			}
+			fo.Release()
+		})
+	}
+}

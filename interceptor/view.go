@@ -144,7 +144,7 @@ func scanBatch(ctx context.Context, l *ledger, raw []byte) (*decodedBatch, error
 	for i := range d.views {
 		v := &d.views[i]
 		ln, vl := kbin.Varint(src)
-		if vl == 0 || ln < 0 || int64(vl)+int64(ln) > int64(len(src)) {
+		if vl <= 0 || ln < 0 || int64(vl)+int64(ln) > int64(len(src)) {
 			return d.fail(l, held, corrupt("record %d of the batch is truncated", i))
 		}
 		rec := src[:vl+int(ln)]

@@ -45,12 +45,18 @@ func seedBatch(codec int16, values ...string) []byte {
 		recs = binary.AppendVarint(recs, int64(len(body)))
 		recs = append(recs, body...)
 	}
+	return seedBatchOf(codec, int32(len(values)), recs)
+}
+
+// seedBatchOf wraps recs, the records section of n records (zstd-compressed
+// here when codec is 4), in a magic v2 batch with its CRC-32C.
+func seedBatchOf(codec int16, n int32, recs []byte) []byte {
 	if codec == 4 {
 		enc, _ := zstd.NewWriter(nil)
 		recs = enc.EncodeAll(recs, nil)
 	}
-	h := kmsg.RecordBatch{Magic: 2, Attributes: codec, LastOffsetDelta: int32(len(values) - 1), ProducerID: -1,
-		ProducerEpoch: -1, FirstSequence: -1, NumRecords: int32(len(values)), Records: recs, PartitionLeaderEpoch: -1}
+	h := kmsg.RecordBatch{Magic: 2, Attributes: codec, LastOffsetDelta: n - 1, ProducerID: -1,
+		ProducerEpoch: -1, FirstSequence: -1, NumRecords: n, Records: recs, PartitionLeaderEpoch: -1}
 	h.Length = int32(49 + len(recs))
 	b := h.AppendTo(nil)
 	binary.BigEndian.PutUint32(b[17:], crc32.Checksum(b[21:], crc32.MakeTable(crc32.Castagnoli)))

@@ -64,22 +64,19 @@ func fixCRCs(set []byte) {
 // the threshold, a reference header, a compressed batch.
 func skimSeedRecords() [][]byte {
 	ref := kmsg.Record{Value: []byte("r"), Headers: []kmsg.Header{{Key: largemessage.HeaderLargeMessage, Value: []byte("true")}}}
-	refBatch := seedBatch(0, "x")
-	{
-		body := ref.AppendTo(nil)[1:]
-		recs := binary.AppendVarint(nil, int64(len(body)))
-		recs = append(recs, body...)
-		h := kmsg.RecordBatch{Magic: 2, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, NumRecords: 1, Records: recs, PartitionLeaderEpoch: -1}
-		h.Length = int32(49 + len(recs))
-		refBatch = h.AppendTo(nil)
-		fixCRCs(refBatch)
-	}
+	body := ref.AppendTo(nil)[1:]
+	refBatch := seedBatchOf(0, 1, append(binary.AppendVarint(nil, int64(len(body))), body...))
+	// A record whose timestamp delta runs past a varlong's 10 bytes
+	// (kbin reads it as length -10; CI's run found the skim sliced with it).
+	overlong := append([]byte{0x22, 0x00}, bytes.Repeat([]byte{0xff}, 10)...)
+	overlong = seedBatchOf(0, 1, append(overlong, make([]byte, 6)...))
 	return [][]byte{
 		seedBatch(0, "a", "bb", "ccc"),
 		seedBatch(0, "a", strings.Repeat("x", 100)),
 		refBatch,
 		seedBatch(4, "a"),
 		append(seedBatch(0, "a"), seedBatch(0, "b", "c")...),
+		overlong,
 	}
 }
 
