@@ -368,7 +368,7 @@ func (b *batchReader) record() (bool, error) {
 		return false, err
 	}
 	tsOff := len(p.arena)
-	if _, err := b.varint(); err != nil { // timestamp delta
+	if err := b.skipVarlong(); err != nil { // timestamp delta
 		return false, err
 	}
 	tsLen := len(p.arena) - tsOff
@@ -574,6 +574,16 @@ func (b *batchReader) varint() (int32, error) {
 	return int32(u>>1) ^ -int32(u&1), err
 }
 
+// skipVarlong reads past a zig-zag varlong of the batch's records (a
+// record's timestamp delta: up to 10 bytes in Kafka's DefaultRecord; a
+// batch spanning more than about 199 days needs 6).
+func (b *batchReader) skipVarlong() error {
+	start := len(b.p.arena)
+	_, err := b.p.uvarintMax(10, b.left)
+	b.left -= int64(len(b.p.arena) - start)
+	return err
+}
+
 // parseHeaders decodes a record's headers (count, then key and value of
 // each), as record() has already checked them.
 func parseHeaders(src []byte) ([]interceptor.Header, error) {
@@ -690,7 +700,8 @@ func (p *produceReader) takeMem(n int64) error {
 func (p *produceReader) uvarint() (uint32, error) { return p.uvarintMax(5, p.left) }
 
 // uvarintMax reads an unsigned varint of at most max bytes and at most
-// limit bytes.
+// limit bytes; the value returned is its low 32 bits (a varlong is read
+// only to be passed over).
 func (p *produceReader) uvarintMax(max int, limit int64) (uint32, error) {
 	var u uint32
 	for i := 0; i < max; i++ {

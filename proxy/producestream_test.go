@@ -387,3 +387,45 @@ func wantCorruptNothingLeft(t *testing.T, env produceEnv, store payloadstore.Pay
 		t.Fatalf("%d objects left", n)
 	}
 }
+
+// A record's timestamp delta is a varlong (Kafka's DefaultRecord): a batch
+// back-filling records a year apart has deltas of 6 bytes, which the broker
+// accepts; the streaming parser reads them too, around a streamed value and
+// beside it, and passes their bytes through as they came.
+func TestProduceStreamLongTimestampDelta(t *testing.T) {
+	env, store, _ := streamEnv(t, 4096)
+	year := int64(366 * 24 * time.Hour / time.Millisecond) // zig-zag: 6 bytes
+	big := bytes.Repeat([]byte("y"), 100_000)
+	req := kmsg.NewPtrProduceRequest()
+	req.Version, req.Acks, req.TimeoutMillis = 9, -1, 30000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = "lm"
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = batchOf(kmsg.Record{Value: []byte("old")}, kmsg.Record{TimestampDelta64: year, Value: big},
+		kmsg.Record{TimestampDelta64: 2 * year, Value: []byte("new")})
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	frame, release, streams, err := readStreamFrame(t, env, streamedProduceFrame(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if streams.Len() != 1 {
+		t.Fatalf("%d values streamed, want 1", streams.Len())
+	}
+	h, _ := ParseRequestHeader(frame[4:])
+	got, err := decodeProduce(9, frame[4+h.Len:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, recs := decodeBatch(t, got.Topics[0].Partitions[0].Records)
+	if len(recs) != 3 || recs[1].TimestampDelta64 != year || recs[2].TimestampDelta64 != 2*year || string(recs[2].Value) != "new" {
+		t.Fatalf("records came out as %+v", recs)
+	}
+	if _, err := largemessage.DecodeReference(recs[1].Value); err != nil {
+		t.Fatalf("the large value was not replaced by a reference: %v", err)
+	}
+	if n := storeObjects(t, store, "lm"); n != 1 {
+		t.Fatalf("%d objects in the store, want 1", n)
+	}
+}
