@@ -268,7 +268,7 @@ func (s *scanner) fetchResponse(version int16, records func(left int)) {
 	}
 }
 
-// name reads a topic name (a string, compact in flexible versions) as a
+// topic reads a topic name (a string, compact in flexible versions) as a
 // string over the body's bytes, or a topic id (v13+).
 func (s *scanner) topic(version int16) (name string, id [16]byte) {
 	switch {
@@ -282,7 +282,6 @@ func (s *scanner) topic(version int16) (name string, id [16]byte) {
 	return name, id
 }
 
-// records reads a nullable bytes field (a record set) over the body's bytes.
 // fetchPartitionHead reads a Fetch response partition's fields before its
 // records (kmsg.FetchResponseTopicPartition) and returns its error code.
 func (s *scanner) fetchPartitionHead(version int16) int16 {
@@ -305,6 +304,7 @@ func (s *scanner) fetchPartitionHead(version int16) int16 {
 	return code
 }
 
+// records reads a nullable bytes field (a record set) over the body's bytes.
 func (s *scanner) records() []byte {
 	if s.flexible {
 		return s.b.CompactNullableBytes()
