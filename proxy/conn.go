@@ -395,10 +395,11 @@ func (c *conn) readRequest() bool {
 	var frame []byte
 	var release func()
 	var streams *interceptor.Streams // values read as streams (producestream.go)
+	var pooled bool                  // frame is from a pool (pool.go)
 	if err == nil && h.Key == keyProduce && h.Version >= 3 && g.hasProduce() && g.chain.CanStream() && size >= minStreamedFrame {
 		frame, release, streams, err = c.readProduce(h, size, g)
 	} else {
-		frame, release, err = c.readWhole(size)
+		frame, release, pooled, err = c.readWhole(size, h.Key == keyProduce && g.hasProduce())
 	}
 	if err != nil {
 		if errors.Is(err, errProduceFrame) {
@@ -409,8 +410,11 @@ func (c *conn) readRequest() bool {
 		return false
 	}
 	c.firstRequestDone()
-	ok := c.handleWhole(frame, g, streams)
+	ok, free := c.handleWhole(frame, g, streams)
 	release()
+	if pooled && free {
+		putFrame(frame)
+	}
 	// Streamed values whose records the chain did not take (a refused
 	// partition, a request that never reached it) are referenced by
 	// nothing.
@@ -546,17 +550,43 @@ func (c *conn) wantsResponse(key, version int16, g *chainGen) bool {
 // that grows with the bytes that arrive, each growth charged to the memory
 // budget first (a client that stalls mid-frame holds only what it sent);
 // release gives it back.
-func (c *conn) readWhole(size int32) ([]byte, func(), error) {
+//
+// pool: a frame of up to frameStep bytes larger than the read buffer is
+// read into a pooled buffer (pool.go), charged at its class size (the
+// first step readFrameCharged would charge), for the caller to give back
+// with putFrame when nothing holds it: a Produce request the skim forwards
+// as it came (ProducerPerformance's requests are ~46 KB; allocated per
+// request, they were the proxy-lm produce path's garbage: 17 % of its CPU
+// in garbage collection, docs/BENCHMARKS.md).
+// requestFramesPooled counts the request frames readWhole read into a
+// pooled buffer (for tests: the pooled path was taken).
+var requestFramesPooled atomic.Int64
+
+func (c *conn) readWhole(size int32, pool bool) (frame []byte, release func(), pooled bool, err error) {
+	if n := 4 + int(size); pool && n > readerSize && n <= frameStep {
+		_, charged, _ := poolClass(n)
+		if err := c.s.mem.TakeUnqueued(c.ctx, int64(charged)); err != nil {
+			return nil, nil, false, err
+		}
+		frame := getFrame(n)
+		if _, err := io.ReadFull(c.cr, frame); err != nil {
+			c.s.mem.Give(int64(charged))
+			putFrame(frame)
+			return nil, nil, false, eofInFrame(err)
+		}
+		requestFramesPooled.Add(1)
+		return frame, func() { c.s.mem.Give(int64(charged)) }, true, nil
+	}
 	if 4+int(size) <= readerSize {
 		// A small frame: within the connection's own allowance (its
 		// read buffer), so a full budget never stops ApiVersions, SASL
 		// or small requests.
 		frame, err := readFrame(c.cr, c.s.cfg.MaxRequestBytes, nil)
-		return frame, func() {}, err
+		return frame, func() {}, false, err
 	}
 	var charged int64
-	release := func() { c.s.mem.Give(charged) }
-	frame, err := readFrameCharged(c.cr, c.s.cfg.MaxRequestBytes, func(n int64) error {
+	release = func() { c.s.mem.Give(charged) }
+	frame, err = readFrameCharged(c.cr, c.s.cfg.MaxRequestBytes, func(n int64) error {
 		if err := c.s.mem.TakeUnqueued(c.ctx, n); err != nil {
 			return err
 		}
@@ -568,27 +598,32 @@ func (c *conn) readWhole(size int32) ([]byte, func(), error) {
 	})
 	if err != nil {
 		release()
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return frame, release, nil
+	return frame, release, false, nil
 }
 
 // handleWhole handles a request read whole; streams are the values of a
 // Produce request that went to the store as they arrived (nil: none).
-func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Streams) bool {
+//
+// free: the request went upstream as the frame's bytes and nothing holds
+// the frame (a Produce request the skim passed: interceptProduce kept no
+// part of it), so the caller may reuse it.
+func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Streams) (ok, free bool) {
+	whole := frame
 	c.s.m.bytesIn.Add(float64(len(frame)))
 	c.active.Store(time.Now().UnixNano())
 	h, err := ParseRequestHeader(frame[4:])
 	if err != nil {
 		c.fail("malformed", "bad request from client", err)
-		return false
+		return false, false
 	}
 	expectResponse := true
 	if h.Key == keyProduce {
 		acks, err := produceAcks(frame[4+h.Len:], h.Version, h.Flexible)
 		if err != nil {
 			c.fail("malformed", "bad Produce request from client", err)
-			return false
+			return false, false
 		}
 		expectResponse = acks != 0
 	}
@@ -603,11 +638,11 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 		if g.hasFetch() {
 			if !c.auth.await(c.done) {
 				c.fail("unauthenticated", "Fetch request before SASL authentication completed (the broker closes such a connection too)", nil)
-				return false
+				return false, false
 			}
 			release, ok := c.chargeShape(h, frame)
 			if !ok {
-				return false
+				return false, false
 			}
 			// The limits live until the response is written or the
 			// connection closes (reader and writer may both give back).
@@ -621,21 +656,21 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 		if g.hasProduce() {
 			if !c.auth.await(c.done) {
 				c.fail("unauthenticated", "Produce request before SASL authentication completed (the broker closes such a connection too)", nil)
-				return false
+				return false, false
 			}
 			release, ok := c.chargeShape(h, frame)
 			if !ok {
-				return false
+				return false, false
 			}
 			defer release()
 			out, forward, err := c.interceptProduce(h, frame, f)
 			if err != nil {
 				c.fail("malformed", "bad Produce request from client", err)
-				return false
+				return false, false
 			}
 			if !forward {
 				// Every partition was answered by the interceptors.
-				return !expectResponse || c.enqueue(f)
+				return !expectResponse || c.enqueue(f), false
 			}
 			if out != nil {
 				frame = out
@@ -644,14 +679,17 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 	}
 	if (expectResponse && !c.enqueue(f)) || !c.ensureUpstream() {
 		f.abandon(c.ctx)
-		return false
+		return false, false
 	}
 	if _, err := c.upstream.Write(frame); err != nil {
 		f.abandon(c.ctx)
 		c.forwardError(err)
-		return false
+		return false, false
 	}
-	return true
+	// A Produce request forwarded as its frame's bytes, the skim's or
+	// with no produce interceptor: nothing refers to the frame (the
+	// chain's outcome, f.produce, would).
+	return true, h.Key == keyProduce && f.produce == nil && &frame[0] == &whole[0]
 }
 
 // chargeShape counts the topics and partitions of a request the proxy is

@@ -3,8 +3,10 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,5 +78,98 @@ func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
 		if !bytes.Equal(r.Value, values[i]) || len(r.Headers) != 0 {
 			t.Fatalf("record %d through the proxy: %d bytes, headers %v", i, len(r.Value), r.Headers)
 		}
+	}
+}
+
+// Produce requests of 32–64 KiB that the skim passes are read into pooled
+// buffers (readWhole) and reused once written upstream; requests the chain
+// rewrites are not. Two producers at once, small and offloaded values
+// mixed: every value reads back through the proxy byte for byte, and the
+// memory budget is all given back.
+func TestProxySkimPooledRequestFrames(t *testing.T) {
+	dir := t.TempDir()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "lm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
+			largemessage.KeyStoreURL: "file://" + dir, largemessage.KeyThreshold: "4096"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	before := requestFramesPooled.Load()
+	const perProducer = 1500
+	want := map[string][]byte{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for p := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// 16 KiB batches over three partitions, lingering: requests
+			// of up to three batches, most over the 32 KiB read buffer.
+			cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()),
+				kgo.ProducerBatchMaxBytes(16<<10), kgo.ProducerLinger(20*time.Millisecond), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer cl.Close()
+			for i := range perProducer {
+				n := 900
+				if i%500 == 7 {
+					n = 9000 // offloaded: its request goes through the chain
+				}
+				key := fmt.Sprintf("p%d-%d", p, i)
+				v := randomValue(uint64(p*perProducer+i), n)
+				mu.Lock()
+				want[key] = v
+				mu.Unlock()
+				cl.Produce(ctx, &kgo.Record{Topic: "lm", Key: []byte(key), Value: v}, func(_ *kgo.Record, err error) {
+					if err != nil {
+						select {
+						case errs <- err:
+						default:
+						}
+					}
+				})
+			}
+			if err := cl.Flush(ctx); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := requestFramesPooled.Load() - before; n == 0 {
+		t.Fatal("no Produce request was read into a pooled buffer (none between 32 and 64 KiB?)")
+	}
+	got := consume(t, s.Addr(), "lm", len(want), time.Minute)
+	if len(got) != len(want) {
+		t.Fatalf("read %d records through the proxy, want %d", len(got), len(want))
+	}
+	for _, r := range got {
+		if v, ok := want[string(r.Key)]; !ok || !bytes.Equal(r.Value, v) {
+			t.Fatalf("record %s: %d bytes, not the value produced", r.Key, len(r.Value))
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.mem.InUse() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := s.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the memory budget still held", n)
 	}
 }
