@@ -1123,16 +1123,26 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 // passes reports whether frame, the response to f, goes to the client as it
 // came, which response would find too: the proxy does not decode it, or
 // decodes it only for broker endpoints (Produce, Fetch: KIP-951) and it
-// names none, with no interceptor in force.
+// names none, with no interceptor in force; with interceptors, a Produce
+// response to a request the skim passed that refuses nothing as
+// MESSAGE_TOO_LARGE and names no endpoint (produceAsIs).
 func (c *conn) passes(f *inflight, frame []byte) bool {
 	if !f.decode {
 		return true
 	}
-	if f.gen.active() || !(f.key == keyProduce || f.key == keyFetch) || !needsRewrite(f.key, f.version) {
+	if !(f.key == keyProduce || f.key == keyFetch) {
 		return false
 	}
 	_, hlen, err := parseResponseHeader(frame[4:], ResponseHeaderFlexible(f.key, f.version))
 	if err != nil {
+		return false
+	}
+	if f.gen.active() {
+		// A Produce response to a request the skim forwarded as it came
+		// (nothing to merge, undo or confirm), as interceptResponse finds.
+		return f.key == keyProduce && f.produce == nil && c.produceAsIs(f.version, frame[4+hlen:])
+	}
+	if !needsRewrite(f.key, f.version) {
 		return false
 	}
 	named, err := namesBrokers(f.key, f.version, frame[4+hlen:])

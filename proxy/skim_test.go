@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -171,5 +174,63 @@ func TestProxySkimPooledRequestFrames(t *testing.T) {
 	}
 	if n := s.mem.InUse(); n != 0 {
 		t.Fatalf("%d bytes of the memory budget still held", n)
+	}
+}
+
+// A skimmed Produce request whose partition the broker refuses with
+// MESSAGE_TOO_LARGE (the topic's max.message.bytes was lowered after the
+// proxy cached it): the response is not passed on undecoded, the proxy
+// reads the limit again, and the next such record is offloaded and
+// accepted.
+func TestProxySkimTooLargeRereadsLimit(t *testing.T) {
+	dir := t.TempDir()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "lm"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
+			largemessage.KeyStoreURL: "file://" + dir, largemessage.KeyThreshold: "8192"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	v1, v2, v3 := randomValue(1, 3000), randomValue(2, 3000), randomValue(3, 3000)
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "lm", Value: v1}).FirstErr(); err != nil {
+		t.Fatal(err) // the proxy now holds the topic's max.message.bytes
+	}
+	adm, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	limit := "2000"
+	if _, err := kadm.NewClient(adm).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "lm"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "lm", Value: v2}).FirstErr(); !errors.Is(err, kerr.MessageTooLarge) {
+		t.Fatalf("with the cached limit: %v, want MESSAGE_TOO_LARGE from the broker", err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "lm", Value: v3}).FirstErr(); err != nil {
+		t.Fatalf("after the broker's refusal: %v (the proxy did not read the limit again)", err)
+	}
+	direct := consume(t, c.ListenAddrs()[0], "lm", 2, 30*time.Second)
+	if len(direct) != 2 || largemessage.IsOffloaded(direct[0]) || !largemessage.IsOffloaded(direct[1]) {
+		t.Fatalf("on the broker: %d records, want the first as produced and the second offloaded", len(direct))
+	}
+	got := consume(t, s.Addr(), "lm", 2, 30*time.Second)
+	if len(got) != 2 || !bytes.Equal(got[0].Value, v1) || !bytes.Equal(got[1].Value, v3) {
+		t.Fatalf("through the proxy: %d records, not the values produced", len(got))
 	}
 }
