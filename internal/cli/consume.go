@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,7 +152,6 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		de:  s.cfg.NewDeserializer(store),
 		out: f.out, stdout: a.stdout,
 		commit: g.id != "" && g.commit,
-		pipe:   remoteStore(s.cfg.StoreURL),
 	}
 	if !s.cfg.ValueDeserializers.PassesBytes() {
 		c.valueDe, c.decodeMax = s.cfg.ValueDeserializers, s.cfg.PollMaxBytes
@@ -197,9 +195,6 @@ type consumer struct {
 	// commit: mark each record written (or skipped) for the group's
 	// commits (kgo.AutoCommitMarks).
 	commit bool
-	// pipe: a payload is written on a goroutine of its own
-	// (ctxio.PipeCopy); set for a store over the network (remoteStore).
-	pipe bool
 
 	// valueDe decodes values (value.deserializers other than bytes,
 	// such as large-message,avro) up to decodeMax bytes each; nil: values
@@ -317,21 +312,12 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 			return err
 		}
 	}
-	// A payload is read, verified (size, SHA-256) and written in one pass;
-	// a long copy stops with ctx. From a store over the network the
-	// writes run on a goroutine of their own (ctxio.PipeCopy), beside the
-	// copy out of the downloaded ranges and the SHA-256: on one goroutine
-	// the three took all of its time while the ranges were already
-	// downloaded (docs/BENCHMARKS.md, "ferry consume --out through the
-	// shaped S3"). From a local store, where the read is a copy from the
-	// page cache, one goroutine in ctxio.Copy's 64 KiB pieces measured
-	// faster. An inline value is written as it is.
+	// A payload is read, verified (size, SHA-256) and written in one pass,
+	// in ctxio.Copy's 64 KiB pieces; a long copy (a local file store)
+	// stops with ctx. An inline value is written as it is.
 	copyValue := func(dst io.Writer) (int64, error) {
-		switch {
-		case !offloaded:
+		if !offloaded {
 			return io.Copy(dst, rc)
-		case c.pipe:
-			return ctxio.PipeCopy(ctx, dst, rc)
 		}
 		return ctxio.Copy(ctx, dst, rc)
 	}
@@ -417,19 +403,4 @@ func (c *consumer) recordErr(r *kgo.Record, err error) error {
 		return err
 	}
 	return fmt.Errorf("topic %s partition %d offset %d: %w", r.Topic, r.Partition, r.Offset, err)
-}
-
-// remoteStore reports whether the store URL names a store over the network
-// (s3, gs, azblob, …): not a local directory (file, or no scheme) nor
-// memory (mem).
-func remoteStore(storeURL string) bool {
-	u, err := url.Parse(storeURL)
-	if err != nil || storeURL == "" {
-		return false
-	}
-	switch u.Scheme {
-	case "", "file", "mem":
-		return false
-	}
-	return true
 }

@@ -164,16 +164,3 @@ func TestConsumeTamperedPayload(t *testing.T) {
 		t.Errorf("to standard output: %d bytes written, want the payload's %d before the error", len(r.stdout), len(b))
 	}
 }
-
-// ferry consume writes on a goroutine of its own (ctxio.PipeCopy) only
-// for a store over the network.
-func TestRemoteStore(t *testing.T) {
-	for u, want := range map[string]bool{
-		"": false, "file:///var/ferry": false, "mem://": false,
-		"s3://bucket?region=eu-west-1": true, "gs://bucket": true, "azblob://container": true,
-	} {
-		if got := remoteStore(u); got != want {
-			t.Errorf("remoteStore(%q) = %v, want %v", u, got, want)
-		}
-	}
-}
