@@ -20,19 +20,20 @@ import (
 	"github.com/ferrykit/ferry/largemessage"
 )
 
-// Through a proxy with large-message (threshold 4 KiB), small records are
-// skimmed and pass as they came, while a large one in a frame of the same
-// size class is offloaded, and every value reads back through the proxy.
-func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
+// skimProxy is a kfake cluster with topic "lm" of partitions partitions and
+// a started proxy in front of it with large-message on every topic
+// (large.message.threshold.bytes threshold, a file store in dir).
+func skimProxy(t *testing.T, partitions int32, threshold string) (*Server, *kfake.Cluster, string) {
+	t.Helper()
 	dir := t.TempDir()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "lm"))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, "lm"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
 	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
 		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
-			largemessage.KeyStoreURL: "file://" + dir, largemessage.KeyThreshold: "4096"}}}})
+			largemessage.KeyStoreURL: "file://" + dir, largemessage.KeyThreshold: threshold}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,6 +41,14 @@ func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	return s, c, dir
+}
+
+// Through a proxy with large-message (threshold 4 KiB), small records are
+// skimmed and pass as they came, while a large one in a frame of the same
+// size class is offloaded, and every value reads back through the proxy.
+func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
+	s, c, dir := skimProxy(t, 1, "4096")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err != nil {
 		t.Fatal(err)
@@ -90,22 +99,7 @@ func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
 // mixed: every value reads back through the proxy byte for byte, and the
 // memory budget is all given back.
 func TestProxySkimPooledRequestFrames(t *testing.T) {
-	dir := t.TempDir()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "lm"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
-		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
-			largemessage.KeyStoreURL: "file://" + dir, largemessage.KeyThreshold: "4096"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	s, _, _ := skimProxy(t, 3, "4096")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	before := requestFramesPooled.Load()
@@ -183,22 +177,7 @@ func TestProxySkimPooledRequestFrames(t *testing.T) {
 // reads the limit again, and the next such record is offloaded and
 // accepted.
 func TestProxySkimTooLargeRereadsLimit(t *testing.T) {
-	dir := t.TempDir()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "lm"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
-		Interceptors: []interceptor.Spec{{Name: "large-message", Config: map[string]string{
-			largemessage.KeyStoreURL: "file://" + dir, largemessage.KeyThreshold: "8192"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	s, c, _ := skimProxy(t, 1, "8192")
 	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err != nil {
 		t.Fatal(err)
