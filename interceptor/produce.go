@@ -156,8 +156,9 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 				defer wg.Done()
 				defer func() { <-sem }()
 				led := c.ledger(bnds)
+				pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim}
 				v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
-					return c.producePartition(ctx, w, led, name, p.Partition, p.Records, ps, shr, lim)
+					return c.producePartition(ctx, w, led, pp)
 				})
 				pr, _ := v.(*partitionResult)
 				results[ti][pi] = result{pr, f}
@@ -283,16 +284,29 @@ type batchWork struct {
 	deferred map[int][]namedDeferred // by record index in d.recs
 }
 
+// producePart is one partition of a Produce request as the chain's worker
+// reads it (fetchPart's counterpart): producePartition, produceBatch,
+// commitPartition and shrink share it. The worker must not read the
+// request itself: it may outlive the time budget.
+type producePart struct {
+	topic     string
+	partition int32
+	records   []byte // the partition's records field, as the client sent it
+	ps        []proc // the produce interceptors matching topic, in order
+	shrinkers []BatchShrinker
+	lim       TopicLimit
+}
+
 // producePartition rewrites one partition's records: every batch is run
-// through the interceptors and checked against maxBytes, then the deferred
-// work of all of them is committed (and checked again when a commit changed
-// a record). Any failure undoes what was committed.
-func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, records []byte,
-	ps []proc, shrinkers []BatchShrinker, lim TopicLimit) (any, *failure) {
+// through the interceptors and checked against the topic's limit, then the
+// deferred work of all of them is committed (and checked again when a
+// commit changed a record). Any failure undoes what was committed.
+func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, pp *producePart) (any, *failure) {
 	where := func(f *failure) (any, *failure) {
-		f.msg = fmt.Sprintf("topic %s partition %d: %s", topic, partition, f.msg)
+		f.msg = fmt.Sprintf("topic %s partition %d: %s", pp.topic, pp.partition, f.msg)
 		return nil, f
 	}
+	records := pp.records
 	if len(records) == 0 {
 		// Null or empty: nothing to see; the broker answers it.
 		return &partitionResult{records: records, led: led}, nil
@@ -311,7 +325,7 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 			return where(fail(kerr.CorruptMessage.Code, fmt.Errorf("truncated record batch (%d bytes left)", len(rest))))
 		}
 		rest = next
-		bw, f := c.produceBatch(ctx, w, led, topic, partition, raw, ps, shrinkers, lim)
+		bw, f := c.produceBatch(ctx, w, led, pp, raw)
 		if f != nil {
 			return where(f)
 		}
@@ -327,7 +341,7 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 	if len(works) == 0 {
 		return nil, &failure{code: 0, msg: "every record was skipped by an interceptor"}
 	}
-	committed, reencoded, f := c.commitPartition(ctx, w, led, topic, partition, works, lim)
+	committed, reencoded, f := c.commitPartition(ctx, w, led, pp, works)
 	if f != nil {
 		return where(f)
 	}
@@ -350,7 +364,8 @@ func (c *Chain) producePartition(ctx context.Context, w *watch, led *ledger, top
 // commitPartition commits the deferred work of works, in order; a commit
 // that changed its record gets the batch re-encoded and checked again.
 // On failure everything committed is aborted.
-func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topic string, partition int32, works []*batchWork, lim TopicLimit) (done []Deferred, reencoded bool, _ *failure) {
+func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, pp *producePart, works []*batchWork) (done []Deferred, reencoded bool, _ *failure) {
+	lim := pp.lim
 	abort := func(f *failure) ([]Deferred, bool, *failure) {
 		for _, d := range done {
 			d.Abort(context.WithoutCancel(ctx))
@@ -366,7 +381,7 @@ func (c *Chain) commitPartition(ctx context.Context, w *watch, led *ledger, topi
 		sort.Ints(idx)
 		for _, i := range idx {
 			kr := &bw.d.recs[i]
-			r := toRecord(topic, partition, &bw.d.hdr, bw.info, kr, i, false)
+			r := toRecord(pp.topic, pp.partition, &bw.d.hdr, bw.info, kr, i, false)
 			for _, d := range bw.deferred[i] {
 				err := c.call(ctx, w, &proc{name: d.name, call: d.d.Commit}, i, &r)
 				if err != nil {
@@ -418,8 +433,8 @@ func batchFailure(err error) *failure {
 // shrinks it if needed and checks its size. It returns nil when every
 // record was skipped; the batch's encoding is raw when nothing changed (no
 // record materialized, nothing encoded).
-func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic string, partition int32, raw []byte,
-	ps []proc, shrinkers []BatchShrinker, lim TopicLimit) (bw *batchWork, f *failure) {
+func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, pp *producePart, raw []byte) (bw *batchWork, f *failure) {
+	ps, lim := pp.ps, pp.lim
 	d, err := scanBatch(ctx, led, raw)
 	if err != nil {
 		return nil, batchFailure(err)
@@ -448,7 +463,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 	if hasBatch(ps) {
 		rs = make([]Record, len(d.views))
 		for i := range d.views {
-			d.fill(&rs[i], i, topic, partition, bw.info, false, led)
+			d.fill(&rs[i], i, pp.topic, pp.partition, bw.info, false, led)
 		}
 		outcomes = c.staged(ctx, w, ps, rs, 0)
 	} else {
@@ -462,7 +477,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			r, err, pname = &rs[i], outcomes[i].err, outcomes[i].name
 		} else {
 			r = one
-			d.fill(r, i, topic, partition, bw.info, false, led)
+			d.fill(r, i, pp.topic, pp.partition, bw.info, false, led)
 			for j := range ps {
 				if err = c.call(ctx, w, &ps[j], i, r); err != nil {
 					pname = ps[j].name
@@ -531,14 +546,14 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, topic s
 			return nil, batchFailure(err)
 		}
 	}
-	if lim.over(bw.stored(lim)) && len(shrinkers) > 0 {
+	if lim.over(bw.stored(lim)) && len(pp.shrinkers) > 0 {
 		if d.recs == nil {
 			if d.recs, err = d.materialize(ctx, led, len(d.views)); err != nil {
 				return nil, batchFailure(err)
 			}
 		}
 		d.pinned = true // shrinking defers work that holds the records' bytes
-		if err := c.shrink(ctx, w, led, topic, partition, bw, shrinkers, lim); err != nil {
+		if err := c.shrink(ctx, w, led, pp, bw); err != nil {
 			return nil, &failure{code: codeOf(err, kerr.InvalidRecord.Code), msg: err.Error(), err: err}
 		}
 	}
@@ -580,13 +595,12 @@ func renumber(h *kmsg.RecordBatch, recs []kmsg.Record) {
 func encodedLen(r *kmsg.Record) int { return int(recordWireLen(r)) }
 
 // shrink asks the shrinkers to make records smaller, those that gain most
-// first, until the batch fits maxBytes or no record gains; a shrink that
+// first, until the batch fits the topic's limit or no record gains; a shrink that
 // does not make its record smaller is undone (its deferred work dropped, so
 // nothing is published for it). Records that already have deferred work
 // are left alone. Each round is measured exactly by encoding the batch.
-func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string, partition int32, bw *batchWork,
-	shrinkers []BatchShrinker, lim TopicLimit) error {
-	d := bw.d
+func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, pp *producePart, bw *batchWork) error {
+	d, lim := bw.d, pp.lim
 	if bw.deferred == nil {
 		bw.deferred = map[int][]namedDeferred{}
 	}
@@ -606,9 +620,9 @@ func (c *Chain) shrink(ctx context.Context, w *watch, led *ledger, topic string,
 			next++
 			kr := &d.recs[i]
 			before := encodedLen(kr)
-			r := toRecord(topic, partition, &d.hdr, bw.info, kr, i, false)
+			r := toRecord(pp.topic, pp.partition, &d.hdr, bw.info, kr, i, false)
 			r.led = led
-			for _, s := range shrinkers {
+			for _, s := range pp.shrinkers {
 				var did bool
 				name := fmt.Sprintf("%T", s)
 				if n, ok := s.(interface{ Name() string }); ok {
