@@ -134,6 +134,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	// partitions takes about one budget, not one per partition.
 	bnds := c.newBounds()
 	results := make([][]result, len(req.Topics))
+	var jobs []func() // one per partition the interceptors see
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelPartitions)
 	for ti, t := range req.Topics {
@@ -150,20 +151,32 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			continue
 		}
 		for pi, p := range t.Partitions {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
+			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim}
+			jobs = append(jobs, func() {
 				led := c.ledger(bnds)
-				pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim}
 				v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
 					return c.producePartition(ctx, w, led, pp)
 				})
 				pr, _ := v.(*partitionResult)
 				results[ti][pi] = result{pr, f}
-			}()
+			})
 		}
+	}
+	// The last partition waits for its worker on this goroutine (a
+	// producer's request usually holds one partition per topic it writes).
+	for k, job := range jobs {
+		sem <- struct{}{}
+		if k == len(jobs)-1 {
+			job()
+			<-sem
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			job()
+		}()
 	}
 	wg.Wait()
 	topics := req.Topics[:0]
