@@ -22,6 +22,7 @@ import (
 
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/internal/kafkaconf"
+	"github.com/ferrykit/ferry/internal/suggest"
 	"github.com/ferrykit/ferry/observe"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -542,6 +543,10 @@ func parseConfig(k *koanf.Koanf, source string) (Config, error) {
 	var c Config
 	for _, key := range k.Keys() {
 		if !slices.Contains(configKeys, key) {
+			if near := suggest.Nearest(key, configKeys, false); len(near) > 0 {
+				// A misspelling, as -X reports one (ferry proxy -X).
+				return c, fmt.Errorf("%s: unknown key %q (did you mean %s?)", source, key, suggest.OrList(near))
+			}
 			return c, fmt.Errorf("%s: unknown key %q (known: %s)", source, key, strings.Join(configKeys, ", "))
 		}
 	}

@@ -63,7 +63,8 @@ tls:
 
 func TestLoadConfigFileErrors(t *testing.T) {
 	for name, tc := range map[string]struct{ body, want string }{
-		"unknown key":       {"upstream: a:1\nlisten.port: 3\n", `unknown key "listen.port"`},
+		"unknown key":       {"upstream: a:1\nlisten.port: 3\n", `unknown key "listen.port" (known: upstream, `},
+		"misspelled key":    {"upstream: a:1\nmax.conections: 3\n", `unknown key "max.conections" (did you mean max.connections?)`},
 		"not a number":      {"broker.port.base: many\n", "broker.port.base"},
 		"port base range":   {"broker.port.base: 70000\n", "broker.port.base"},
 		"not a bool":        {"tls.client.enabled: perhaps\n", "tls.client.enabled"},

@@ -8,6 +8,7 @@ import (
 	"github.com/ferrykit/ferry/interceptor/wasm" // registers the wasm interceptor
 	"github.com/ferrykit/ferry/internal/kafkaconf"
 	"github.com/ferrykit/ferry/internal/schemareg"
+	"github.com/ferrykit/ferry/internal/suggest"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/serde"
 )
@@ -63,8 +64,8 @@ func misspelledKey(key string, known []string) error {
 	if slices.Contains(kafkaKeysNearOurs, key) {
 		return nil
 	}
-	if near := nearest(key, known, false); len(near) > 0 {
-		return usageErrorf("unknown property %s (did you mean %s?)", key, orList(near))
+	if near := suggest.Nearest(key, known, false); len(near) > 0 {
+		return usageErrorf("unknown property %s (did you mean %s?)", key, suggest.OrList(near))
 	}
 	return nil
 }

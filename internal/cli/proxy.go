@@ -18,6 +18,7 @@ import (
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/interceptor/wasm"
 	"github.com/ferrykit/ferry/internal/props"
+	"github.com/ferrykit/ferry/internal/suggest"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/observe"
 	"github.com/ferrykit/ferry/payloadstore"
@@ -262,8 +263,8 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 		cfg.Interceptors = nil
 		for _, name := range interceptors {
 			if !slices.Contains(interceptor.Names(), name) {
-				if near := nearest(name, interceptor.Names(), false); len(near) > 0 {
-					return cfg, usageErrorf("--interceptors: %q is not an interceptor (did you mean %s?)", name, orList(near))
+				if near := suggest.Nearest(name, interceptor.Names(), false); len(near) > 0 {
+					return cfg, usageErrorf("--interceptors: %q is not an interceptor (did you mean %s?)", name, suggest.OrList(near))
 				}
 			}
 			cfg.Interceptors = append(cfg.Interceptors, interceptor.Spec{Name: name, Config: p})

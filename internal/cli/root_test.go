@@ -49,21 +49,6 @@ func TestHelpTopics(t *testing.T) {
 	}
 }
 
-func TestEditDistance(t *testing.T) {
-	for _, c := range []struct {
-		a, b string
-		d    int
-	}{
-		{"", "", 0}, {"gc", "", 2}, {"produce", "produce", 0}, {"prodcue", "produce", 1},
-		{"ls", "gc", 2}, {"large.mesage.threshold.bytes", "large.message.threshold.bytes", 1},
-		{"ca", "abc", 3}, // OSA, not Damerau: no edit of a swapped pair
-	} {
-		if d := editDistance(c.a, c.b); d != c.d {
-			t.Errorf("editDistance(%q, %q) = %d, want %d", c.a, c.b, d, c.d)
-		}
-	}
-}
-
 func TestVersion(t *testing.T) {
 	for _, args := range [][]string{{"--version"}, {"version"}} {
 		r := run(t, nil, args...)
