@@ -2,6 +2,7 @@ package largemessage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -317,6 +318,10 @@ func (c Config) OpenStore(ctx context.Context) (payloadstore.PayloadStore, error
 	return c.openStore(ctx, false)
 }
 
+// ErrNoStore is OpenStore's and OpenStoreForReading's error when
+// KeyStoreURL is not set.
+var ErrNoStore = errors.New(KeyStoreURL + " is not set")
+
 // OpenStoreForReading is OpenStore for a consumer: the store must exist
 // already (payloadstore.Options.ReadOnly).
 func (c Config) OpenStoreForReading(ctx context.Context) (payloadstore.PayloadStore, error) {
@@ -325,7 +330,7 @@ func (c Config) OpenStoreForReading(ctx context.Context) (payloadstore.PayloadSt
 
 func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.PayloadStore, error) {
 	if c.StoreURL == "" {
-		return nil, fmt.Errorf("%s is not set: name a payload store, e.g. file:///var/ferry", KeyStoreURL)
+		return nil, fmt.Errorf("%w: name a payload store, e.g. file:///var/ferry", ErrNoStore)
 	}
 	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly,
 		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency,

@@ -79,6 +79,9 @@ that need a restart are named in a warning).`,
 			slog.SetDefault(cfg.Logger) // the interceptors' libraries log at the same level
 			s, err := proxy.New(cfg)
 			if err != nil {
+				if errors.Is(err, largemessage.ErrNoStore) {
+					err = fmt.Errorf("%w (--store URL, or -X %s=URL)", err, largemessage.KeyStoreURL)
+				}
 				if errors.Is(err, payloadstore.ErrInvalidConfig) || !errors.As(err, new(*payloadstore.Error)) {
 					return &usageError{err: err}
 				}

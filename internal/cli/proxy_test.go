@@ -131,6 +131,12 @@ func TestProxyCommandBadConfig(t *testing.T) {
 			t.Errorf("ferry %v: exit %d, stderr %q; want exit 2 with a ferry: line", args, r.code, r.stderr)
 		}
 	}
+	// Found by a new-user helper: large-message without a store named the
+	// key but not the flag.
+	r := run(t, nil, "proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:0", "--interceptors", "large-message")
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "large.message.payload.store.url is not set") || !strings.Contains(r.stderr, "--store URL") {
+		t.Errorf("proxy --interceptors large-message without a store: exit %d, stderr %q; want exit 2 naming --store", r.code, r.stderr)
+	}
 }
 
 // The proxy's log level defaults to info and its --help says so; the other
