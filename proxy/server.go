@@ -572,6 +572,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	admin := s.admin
 	s.mu.Unlock()
 	s.log.Info("proxy shutting down", "connections", len(conns))
+	start := time.Now()
 	for _, c := range conns {
 		c.drain()
 	}
@@ -601,6 +602,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.ic.close()
 	s.obs.close()
+	if err != nil {
+		s.log.Warn("proxy stopped before its connections drained", "after", time.Since(start).Round(time.Millisecond), "err", err)
+	} else {
+		s.log.Info("proxy stopped", "drained_in", time.Since(start).Round(time.Millisecond))
+	}
 	return err
 }
 

@@ -101,8 +101,8 @@ func TestProxyCommand(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("ferry proxy did not stop within 20s of SIGTERM")
 	}
-	if !strings.Contains(stderr.String(), "proxy shutting down") {
-		t.Fatalf("no shutdown log line; stderr:\n%s", stderr.String())
+	if !strings.Contains(stderr.String(), "proxy shutting down") || !strings.Contains(stderr.String(), "proxy stopped") {
+		t.Fatalf("no shutdown or stop log line; stderr:\n%s", stderr.String())
 	}
 }
 
