@@ -44,18 +44,26 @@ func skimProxy(t *testing.T, partitions int32, threshold string) (*Server, *kfak
 	return s, c, dir
 }
 
+// skimClient is an uncompressing franz-go client of s, closed at the end
+// of the test, and a minute's context for it.
+func skimClient(t *testing.T, s *Server) (*kgo.Client, context.Context) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return cl, ctx
+}
+
 // Through a proxy with large-message (threshold 4 KiB), small records are
 // skimmed and pass as they came, while a large one in a frame of the same
 // size class is offloaded, and every value reads back through the proxy.
 func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
 	s, c, dir := skimProxy(t, 1, "4096")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	cl, ctx := skimClient(t, s)
 	values := [][]byte{[]byte("a"), randomValue(1, 1000), randomValue(2, 10000), []byte("b")}
 	for _, v := range values {
 		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "lm", Value: v}).FirstErr(); err != nil {
@@ -178,13 +186,7 @@ func TestProxySkimPooledRequestFrames(t *testing.T) {
 // accepted.
 func TestProxySkimTooLargeRereadsLimit(t *testing.T) {
 	s, c, _ := skimProxy(t, 1, "8192")
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	cl, ctx := skimClient(t, s)
 	v1, v2, v3 := randomValue(1, 3000), randomValue(2, 3000), randomValue(3, 3000)
 	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "lm", Value: v1}).FirstErr(); err != nil {
 		t.Fatal(err) // the proxy now holds the topic's max.message.bytes
