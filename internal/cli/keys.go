@@ -59,7 +59,7 @@ func isChain(v string) bool {
 }
 
 // misspelledKey is a usage error when key, which is not in known, is
-// likely a misspelling of keys in known (nearest); nil otherwise.
+// likely a misspelling of keys in known (suggest.Nearest); nil otherwise.
 func misspelledKey(key string, known []string) error {
 	if slices.Contains(kafkaKeysNearOurs, key) {
 		return nil

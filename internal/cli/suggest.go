@@ -10,7 +10,7 @@ import (
 )
 
 // unknownCommand is root's Args: a word that names no command is a usage
-// error, with the commands it is likely a misspelling of (nearest). It
+// error, with the commands it is likely a misspelling of (suggest.Nearest). It
 // stands in for cobra's suggestions, which offer any command within two
 // edits, and with two-letter names ("gc") that is any two-letter word.
 func unknownCommand(cmd *cobra.Command, args []string) error {
