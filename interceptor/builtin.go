@@ -24,7 +24,14 @@ type named struct {
 	name    string
 	pattern *regexp.Regexp
 	fn      func(context.Context, *Record) error
+	// noInline: fn may wait on something other than ctx and the memory
+	// budget (validate-schema's registry): its partitions keep their own
+	// goroutine (see inliner).
+	noInline bool
 }
+
+// inline reports whether fn's calls may run on the request's goroutine.
+func (n *named) inline() bool { return !n.noInline }
 
 func (n *named) Name() string                                       { return n.name }
 func (n *named) TopicPattern() *regexp.Regexp                       { return n.pattern }

@@ -199,6 +199,7 @@ func positiveInt(config map[string]string, key string, def int64) (int64, error)
 }
 
 func (e *Encrypt) Name() string                 { return "encrypt" }
+func (e *Encrypt) inline() bool                 { return true } // a KMS is asked with ctx
 func (e *Encrypt) TopicPattern() *regexp.Regexp { return e.pattern }
 
 // sealsHeader reports whether headers named name are sealed.
@@ -315,6 +316,7 @@ func markerLists(marker []byte, name string) bool {
 type encryptFetch struct{ e *Encrypt }
 
 func (f encryptFetch) Name() string                 { return "encrypt" }
+func (f encryptFetch) inline() bool                 { return true }
 func (f encryptFetch) TopicPattern() *regexp.Regexp { return f.e.pattern }
 
 // ProcessRecord opens the fields r's HeaderEncrypted marker names and

@@ -186,7 +186,7 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 			}
 			// The worker must not read p: it may outlive the budget.
 			led := c.ledger(bnds)
-			v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
+			v, f := c.runPart(ctx, led, fp.ps, len(fp.set), func(ctx context.Context, w *watch) (any, *failure) {
 				r := c.fetchPartition(ctx, w, led, &fp)
 				return r, nil
 			})

@@ -154,7 +154,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim}
 			jobs = append(jobs, func() {
 				led := c.ledger(bnds)
-				v, f := c.run(ctx, led, func(ctx context.Context, w *watch) (any, *failure) {
+				v, f := c.runPart(ctx, led, pp.ps, len(pp.records), func(ctx context.Context, w *watch) (any, *failure) {
 					return c.producePartition(ctx, w, led, pp)
 				})
 				pr, _ := v.(*partitionResult)

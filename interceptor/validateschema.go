@@ -204,6 +204,11 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 		return Instance{}, err
 	}
 	in.Close = func() error { tr.CloseIdleConnections(); return nil }
+	for _, ic := range []any{in.Produce, in.Fetch} {
+		if n, ok := ic.(*named); ok {
+			n.noInline = true // it asks the registry over HTTP
+		}
+	}
 	return in, nil
 }
 
