@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kbin"
@@ -105,6 +106,12 @@ type decodedBatch struct {
 	// the caller to fill (the record set the batch follows), so a large
 	// batch is never copied to be joined to a small prefix.
 	headroom int
+	// into: encode appends the batch to *into (the partition's output so
+	// far, grown when it must be) and returns the appended bytes, instead
+	// of encoding it into a buffer of its own to be copied there (encrypt
+	// on fetch rewrites every batch of a response: one allocation and one
+	// copy per batch).
+	into *[]byte
 }
 
 // decodeBatch is scanBatch with every record materialized (d.recs), for
@@ -179,7 +186,8 @@ func heldOf(l *ledger) int64 {
 }
 
 // encode builds the batch's wire bytes (after d.headroom bytes left for the
-// caller): records encoded with their lengths,
+// caller, or appended to *d.into: then it returns the appended bytes):
+// records encoded with their lengths,
 // compressed with the batch's codec by franz-go's compressor, the length
 // and CRC-32C recomputed. All other header fields are taken from d.hdr. The
 // output is charged to l (it lives until the request is forwarded or the
@@ -202,7 +210,17 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	if err := l.charge(ctx, size); err != nil {
 		return nil, err
 	}
-	buf := make([]byte, room+batchHeaderLen, size)
+	// base: where the batch starts in buf; with d.into, after the output
+	// the batch is appended to (room is then 0).
+	base := 0
+	var buf []byte
+	if d.into != nil {
+		base, room = len(*d.into), 0
+		buf = slices.Grow(*d.into, int(size))[:base+batchHeaderLen]
+	} else {
+		buf = make([]byte, room+batchHeaderLen, size)
+	}
+	room += base // the header's place, from here on
 	var tmp []byte
 	for i := range d.recs {
 		if raw := d.rawOf(i); raw != nil {
@@ -234,12 +252,16 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 			l.give(size)
 			return nil, err
 		}
-		if err := l.charge(ctx, int64(room+batchHeaderLen+len(comp))); err != nil {
+		if err := l.charge(ctx, int64(room-base+batchHeaderLen+len(comp))); err != nil {
 			l.give(size)
 			return nil, err
 		}
 		l.give(size) // the uncompressed section is garbage once copied
-		buf = append(make([]byte, room+batchHeaderLen, room+batchHeaderLen+len(comp)), comp...)
+		if d.into != nil {
+			buf = append(buf[:room+batchHeaderLen], comp...)
+		} else {
+			buf = append(make([]byte, room+batchHeaderLen, room+batchHeaderLen+len(comp)), comp...)
+		}
 		recs = buf[room+batchHeaderLen:]
 	}
 	h := d.hdr
@@ -252,6 +274,10 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	h.AppendTo(buf[room:room])
 	out := buf[room : room+batchHeaderLen+len(recs)]
 	binary.BigEndian.PutUint32(out[crcOffset:], crc32.Checksum(out[attrOffset:], castagnoli))
+	if d.into != nil {
+		*d.into = buf[:room+len(out)]
+		return out, nil
+	}
 	return buf[:room+len(out)], nil
 }
 

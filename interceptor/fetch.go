@@ -250,6 +250,11 @@ type fetchPart struct {
 	from    int64 // the consumer's fetch offset (-1: unknown)
 	// canStream: large-message may leave large values as holes.
 	canStream bool
+	// into, when set, is the partition's output so far: a batch rewritten
+	// without holes or headroom is appended to it (decodedBatch.into), and
+	// appended says so.
+	into     *[]byte
+	appended bool
 }
 
 // fetchResult is a partition's rewritten record set. On error, out holds
@@ -366,6 +371,15 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			headroom = passed
 		}
 		start := at()
+		// Once the output is a copy, a rewritten batch is encoded at its
+		// end, grown once for what is left, as appendOut grows it.
+		fp.into, fp.appended = nil, false
+		if copied {
+			if cap(r.out)-len(r.out) < len(raw)+len(raw)/8 {
+				r.out = slices.Grow(r.out, len(raw)+len(rest)+len(rest)/8)
+			}
+			fp.into = &r.out
+		}
 		nb, holes, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted, headroom)
 		rewritten := len(nb) > 0 && (len(nb) != len(raw) || &nb[0] != &raw[0])
 		for _, h := range holes {
@@ -383,6 +397,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			// The output keeps the records before the failing one.
 			switch {
 			case rewritten && headroom > 0: // joined above
+			case fp.appended: // encoded at the output's end
 			case len(nb) > 0:
 				copyOut()
 				appendOut(nb)
@@ -410,6 +425,8 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 				// back: perhaps 100 MiB): it is the output so far, not
 				// copied into a new one.
 				r.out, copied = nb, true
+			case fp.appended:
+				// encoded at the output's end
 			default:
 				appendOut(nb)
 			}
@@ -654,7 +671,11 @@ func (c *Chain) fetchBatchBytes(ctx context.Context, w *watch, led *ledger, fp *
 	if len(d.holes) > 0 {
 		enc, *holes, err = d.encodeStreamed(ctx, led, fp.topic, fp.partition)
 	} else {
+		if headroom == 0 {
+			d.into = fp.into
+		}
 		enc, err = d.encode(ctx, led)
+		fp.appended = d.into != nil && err == nil
 	}
 	encoded = heldOf(led) - before
 	if err == nil {

@@ -3,7 +3,11 @@ package interceptor
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -139,5 +143,75 @@ func TestInlinePanicAndClientGone(t *testing.T) {
 	out.Release()
 	if used := gone.Memory().InUse(); used != 0 {
 		t.Fatalf("%d bytes of the budget still charged", used)
+	}
+}
+
+// Once a partition's output is a copy, each batch rewritten after it is
+// encoded at the output's end (decodedBatch.into), compressed or not; the
+// batches passed between them are copied there, and a record that fails
+// ends the output after the records before it. Checked batch by batch
+// (CRC-32C, lengths, counts) and by franz-go's own fetch processing.
+func TestFetchRewrittenBatchesAppendedInPlace(t *testing.T) {
+	batch := func(first int64, attrs int16, vals ...string) []byte {
+		b := plainBatch(t, attrs, -1, vals...)
+		binary.BigEndian.PutUint64(b, uint64(first))
+		binary.BigEndian.PutUint32(b[crcOffset:], crc32.Checksum(b[attrOffset:], castagnoli))
+		return b
+	}
+	ch := NewChain([]Instance{{Fetch: icpt(t, "upper", "t", func(_ context.Context, r *Record) error {
+		switch {
+		case string(r.Value) == "fail":
+			return errTest
+		case bytes.HasPrefix(r.Value, []byte("x")):
+			r.Value = bytes.ToUpper(bytes.Repeat(r.Value, 50))
+		}
+		return nil
+	})}}, Options{})
+	for _, tc := range []struct {
+		layout []string // a batch's value prefix: "x" rewritten, "a" passed
+		fail   bool     // the last batch's second record fails
+	}{
+		{layout: []string{"x", "x", "x", "x"}},
+		{layout: []string{"a", "x", "a", "x", "x", "a"}},
+		{layout: []string{"x", "a", "x", "x"}, fail: true},
+	} {
+		var set []byte
+		var want []string
+		for i, v := range tc.layout {
+			attrs := []int16{0, 3, 4, 0}[i%4] // none, lz4, zstd
+			vals := []string{v + fmt.Sprint(i, "-0"), v + fmt.Sprint(i, "-1")}
+			if tc.fail && i == len(tc.layout)-1 {
+				vals[1] = "fail"
+			}
+			set = append(set, batch(int64(i*2), attrs, vals...)...)
+			for j, val := range vals {
+				if tc.fail && i == len(tc.layout)-1 && j == 1 {
+					break
+				}
+				if v == "x" {
+					val = strings.ToUpper(strings.Repeat(val, 50))
+				}
+				want = append(want, val)
+			}
+		}
+		orig := bytes.Clone(set)
+		resp := fetchResponse(map[string][]byte{"t": set})
+		out := ch.InterceptFetch(context.Background(), resp)
+		if tc.fail != (len(out.Failed) == 1 && out.Failed[0].Partial) || !tc.fail && len(out.Failed) != 0 {
+			t.Fatalf("%v: failed %+v", tc.layout, out.Failed)
+		}
+		if !bytes.Equal(set, orig) {
+			t.Fatalf("%v: the broker's bytes were written over", tc.layout)
+		}
+		p := &resp.Topics[0].Partitions[0]
+		checkBatches(t, p.RecordBatches)
+		var got []string
+		for _, r := range records(t, "t", p) {
+			got = append(got, string(r.Value))
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%v: values\n%q\nwant\n%q", tc.layout, got, want)
+		}
+		out.Release()
 	}
 }
