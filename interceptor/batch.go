@@ -112,6 +112,11 @@ type decodedBatch struct {
 	// on fetch rewrites every batch of a response: one allocation and one
 	// copy per batch).
 	into *[]byte
+	// pooled: an uncompressed batch is encoded into a pooled buffer
+	// (outpool.go), given back when the ledger is released: the batch is
+	// copied before (a Produce request's, which the proxy encodes into the
+	// request it forwards), and no deferred work holds its bytes.
+	pooled bool
 }
 
 // decodeBatch is scanBatch with every record materialized (d.recs), for
@@ -207,6 +212,12 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	// compressed output then replaces.
 	room := d.headroom
 	size += int64(room)
+	codec := d.hdr.Attributes & attrCodecMask
+	pooled := d.pooled && d.into == nil && room == 0 && codec == 0 && l != nil && l.mem != nil
+	if pooled {
+		_, capacity, _ := outClass(int(size))
+		size = int64(capacity) // charged as it is held
+	}
 	if err := l.charge(ctx, size); err != nil {
 		return nil, err
 	}
@@ -214,10 +225,14 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	// the batch is appended to (room is then 0).
 	base := 0
 	var buf []byte
-	if d.into != nil {
+	switch {
+	case d.into != nil:
 		base, room = len(*d.into), 0
 		buf = slices.Grow(*d.into, int(size))[:base+batchHeaderLen]
-	} else {
+	case pooled:
+		buf = getOut(int(size))[:batchHeaderLen]
+		l.outs = append(l.outs, buf)
+	default:
 		buf = make([]byte, room+batchHeaderLen, size)
 	}
 	room += base // the header's place, from here on
@@ -245,7 +260,6 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 		buf = append(buf, tmp[1:]...)
 	}
 	recs := buf[room+batchHeaderLen:]
-	codec := d.hdr.Attributes & attrCodecMask
 	if codec != 0 {
 		comp, err := compress(kgo.CompressionCodecType(codec), recs)
 		if err != nil {

@@ -189,6 +189,11 @@ type proc struct {
 // runPart).
 type inliner interface{ inline() bool }
 
+// inlineOnly reports whether every one of ps is an inliner.
+func inlineOnly(ps []proc) bool {
+	return !slices.ContainsFunc(ps, func(p proc) bool { return !p.inline })
+}
+
 func inlineOf(ic any) bool {
 	in, ok := ic.(inliner)
 	return ok && in.inline()
@@ -302,7 +307,7 @@ const inlineMaxBytes = 1 << 20
 // (run), so that a call that ignores ctx cannot hold the connection past
 // its budget.
 func (c *Chain) runPart(ctx context.Context, led *ledger, ps []proc, size int, work func(ctx context.Context, w *watch) (any, *failure)) (any, *failure) {
-	if size <= inlineMaxBytes && !slices.ContainsFunc(ps, func(p proc) bool { return !p.inline }) {
+	if size <= inlineMaxBytes && inlineOnly(ps) {
 		return c.runInline(ctx, led, work)
 	}
 	return c.run(ctx, led, work)

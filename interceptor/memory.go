@@ -227,6 +227,8 @@ type ledger struct {
 	closers []io.Closer
 	// chunks: the write chunks of streamed values (stream.go) are charged.
 	chunks bool
+	// outs are pooled batch buffers (outpool.go) given back by release.
+	outs [][]byte
 }
 
 // charge takes n bytes from the budget, waiting while it is full until ctx
@@ -279,6 +281,8 @@ func (l *ledger) adopt(o *ledger) {
 	o.held = 0
 	l.closers = append(l.closers, o.closers...)
 	o.closers = nil
+	l.outs = append(l.outs, o.outs...)
+	o.outs = nil
 }
 
 // release returns everything held.
@@ -289,6 +293,10 @@ func (l *ledger) release() {
 			c.Close()
 		}
 		l.closers = nil
+		for _, b := range l.outs {
+			putOut(b)
+		}
+		l.outs = nil
 	}
 }
 

@@ -151,7 +151,8 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			continue
 		}
 		for pi, p := range t.Partitions {
-			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim}
+			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim,
+				pooled: len(shr) == 0 && inlineOnly(ps)}
 			jobs = append(jobs, func() {
 				led := c.ledger(bnds)
 				v, f := c.runPart(ctx, led, pp.ps, len(pp.records), func(ctx context.Context, w *watch) (any, *failure) {
@@ -228,7 +229,8 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 }
 
 // Release gives back the memory held for the rewritten batches; call it
-// once the request is encoded.
+// once the request is encoded: the rewritten record sets' bytes may be
+// reused afterwards (encoded into pooled buffers).
 func (o *ProduceOutcome) Release() { o.led.release() }
 
 // partitionResult is a partition that passed the interceptors.
@@ -308,6 +310,9 @@ type producePart struct {
 	ps        []proc // the produce interceptors matching topic, in order
 	shrinkers []BatchShrinker
 	lim       TopicLimit
+	// pooled: only inliners see the partition (no deferred work, no
+	// shrinking): its rewritten batches are encoded into pooled buffers.
+	pooled bool
 }
 
 // producePartition rewrites one partition's records: every batch is run
@@ -555,6 +560,7 @@ func (c *Chain) produceBatch(ctx context.Context, w *watch, led *ledger, pp *pro
 	}
 	bw.enc = raw
 	if dirty {
+		d.pooled = pp.pooled
 		if bw.enc, err = d.encode(ctx, led); err != nil {
 			return nil, batchFailure(err)
 		}
