@@ -62,6 +62,29 @@ func FuzzRewriteBatch(f *testing.F) {
 	}
 	same := NewChain([]Instance{{Produce: &funcIcpt{name: "p", re: mustPattern("t"), fn: look},
 		Fetch: &funcIcpt{name: "f", re: mustPattern("t"), fn: look}}}, Options{})
+	// The same changes by inliners: run on the caller's goroutine, produce
+	// batches encoded into pooled buffers (poisoned once given back).
+	inl := NewChain([]Instance{{Produce: inlineIcpt{&funcIcpt{name: "p", re: mustPattern("t"), fn: fn}},
+		Fetch: inlineIcpt{&funcIcpt{name: "f", re: mustPattern("t"), fn: fn}}}}, Options{})
+	// valid fails t unless set is whole batches, each of which decodes
+	// when it is magic v2, or, on fetch, is one of in's as it came (a
+	// control batch passes as the broker sent it, CRC unchecked).
+	valid := func(t *testing.T, set, in []byte) {
+		for rest := set; len(rest) > 0; {
+			raw, next, ok := splitBatch(rest)
+			if !ok {
+				t.Fatalf("forwarded a truncated batch")
+			}
+			if in != nil && bytes.Contains(in, raw) {
+				rest = next
+				continue
+			}
+			if _, err := decodeBatch(context.Background(), nil, raw); err != nil && raw[magicOffset] == 2 {
+				t.Fatalf("forwarded an invalid batch: %v", err)
+			}
+			rest = next
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte, wrap bool, n uint8) {
 		if wrap {
 			// A batch with a valid CRC around fuzzed records, so the
@@ -76,20 +99,25 @@ func FuzzRewriteBatch(f *testing.F) {
 		req := buildRequest(t, map[string][]byte{"t": bytes.Clone(b)})
 		out := ch.InterceptProduce(context.Background(), req, allTopics(1<<20))
 		if out.Forward {
-			rest := req.Topics[0].Partitions[0].Records
-			for len(rest) > 0 {
-				raw, next, ok := splitBatch(rest)
-				if !ok {
-					t.Fatalf("forwarded a truncated batch")
-				}
-				if _, err := decodeBatch(context.Background(), nil, raw); err != nil && raw[magicOffset] == 2 {
-					t.Fatalf("forwarded an invalid batch: %v", err)
-				}
-				rest = next
-			}
+			valid(t, req.Topics[0].Partitions[0].Records, nil)
 		}
 		resp := fetchResponse(map[string][]byte{"t": bytes.Clone(b)})
 		ch.InterceptFetch(context.Background(), resp)
+
+		// Inliners forward what the chain does, byte for byte, and
+		// their fetch output is whole, valid batches too.
+		want := req
+		req = buildRequest(t, map[string][]byte{"t": bytes.Clone(b)})
+		iout := inl.InterceptProduce(context.Background(), req, allTopics(1<<20))
+		if iout.Forward != out.Forward || out.Forward && !bytes.Equal(req.Topics[0].Partitions[0].Records, want.Topics[0].Partitions[0].Records) {
+			t.Fatalf("inliners forwarded %v, other bytes than the chain's (%v)", iout.Forward, out.Forward)
+		}
+		iout.Release()
+		out.Release()
+		resp = fetchResponse(map[string][]byte{"t": bytes.Clone(b)})
+		fo := inl.InterceptFetch(context.Background(), resp)
+		valid(t, resp.Topics[0].Partitions[0].RecordBatches, b)
+		fo.Release()
 
 		req = buildRequest(t, map[string][]byte{"t": bytes.Clone(b)})
 		out = same.InterceptProduce(context.Background(), req, allTopics(1<<20))
@@ -98,7 +126,7 @@ func FuzzRewriteBatch(f *testing.F) {
 		}
 		out.Release()
 		resp = fetchResponse(map[string][]byte{"t": bytes.Clone(b)})
-		fo := same.InterceptFetch(context.Background(), resp)
+		fo = same.InterceptFetch(context.Background(), resp)
 		// A partial batch at the end is dropped; anything else comes
 		// back as it came, or the partition fails.
 		if got := resp.Topics[0].Partitions[0].RecordBatches; len(fo.Failed) == 0 && fo.Truncated == 0 && !bytes.Equal(got, b) {
