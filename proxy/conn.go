@@ -673,7 +673,10 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 				return !expectResponse || c.enqueue(f), false
 			}
 			if out != nil {
+				// The rewritten request: a copy nothing keeps once it
+				// is written (the chain's outcome holds no bytes of it).
 				frame = out
+				defer putFrame(out)
 			}
 		}
 	}

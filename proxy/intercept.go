@@ -267,10 +267,11 @@ func requestFrame(header []byte, req kmsg.Request) []byte {
 
 // requestFrameSized is requestFrame with room for body bytes after the
 // header from the start, so that a large request is not grown (and copied)
-// by doubling as it is encoded.
+// by doubling as it is encoded. Over 32 KiB the frame comes from the frame
+// pools (pool.go): give it back with putFrame once written.
 func requestFrameSized(header []byte, req kmsg.Request, body int) []byte {
 	// Encoded in place after the header: a produce request may be large.
-	out := make([]byte, 4, 4+len(header)+body)
+	out := getFrame(4 + len(header) + body)[:4]
 	out = append(out, header...)
 	out = req.AppendTo(out)
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
