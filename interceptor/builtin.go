@@ -24,14 +24,26 @@ type named struct {
 	name    string
 	pattern *regexp.Regexp
 	fn      func(context.Context, *Record) error
-	// noInline: fn may wait on something other than ctx and the memory
-	// budget (validate-schema's registry): its partitions keep their own
-	// goroutine (see inliner).
+	// noInline: fn may run on after ctx is cancelled (validate-schema's
+	// registry; a JSON Schema's validation, which can take exponential
+	// time on a small value): its partitions keep their own goroutine
+	// (see inliner).
 	noInline bool
 }
 
 // inline reports whether fn's calls may run on the request's goroutine.
 func (n *named) inline() bool { return !n.noInline }
+
+// notInline marks in's built-ins as no inliners: their calls may run past
+// a cancelled ctx (see inliner).
+func notInline(in Instance) Instance {
+	for _, ic := range []any{in.Produce, in.Fetch} {
+		if n, ok := ic.(*named); ok {
+			n.noInline = true
+		}
+	}
+	return in
+}
 
 func (n *named) Name() string                                       { return n.name }
 func (n *named) TopicPattern() *regexp.Regexp                       { return n.pattern }

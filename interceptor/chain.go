@@ -182,11 +182,12 @@ type proc struct {
 	inline bool
 }
 
-// inliner is a built-in whose calls do CPU work bounded by the record they
+// inliner is a built-in whose calls do CPU work linear in the record they
 // are given and otherwise wait only on what ctx ends (the memory budget, a
-// KMS, ...): a call it makes returns soon after ctx is cancelled. A small
-// partition that only inliners see runs on the request's goroutine (see
-// runPart).
+// KMS, another call's KMS request within its own budget): a call it makes
+// returns soon after ctx is cancelled. A small partition that only
+// inliners see runs on the request's goroutine (see runPart). encrypt,
+// redact and validate-json without a schema are inliners.
 type inliner interface{ inline() bool }
 
 // inlineOnly reports whether every one of ps is an inliner.

@@ -215,3 +215,43 @@ func TestFetchRewrittenBatchesAppendedInPlace(t *testing.T) {
 		out.Release()
 	}
 }
+
+// Which built-ins are inliners: encrypt, redact, and validate-json without
+// a schema. A JSON Schema's validation ignores ctx and can take
+// exponential time on a small value (a recursive oneOf over nested arrays:
+// found by a fault-finding run, 1 min 22 s against a 100 ms budget when
+// it ran inline), so validate-json with a schema keeps a goroutine of its
+// own and fails the partition at the budget; validate-schema asks a
+// registry.
+func TestInlinersAmongBuiltins(t *testing.T) {
+	schema := `{"$ref":"#/$defs/t","$defs":{"t":{"oneOf":[{"type":"array","items":{"$ref":"#/$defs/t"}},{"type":"array","items":{"$ref":"#/$defs/t"},"maxItems":5}]}}}`
+	for _, tc := range []struct {
+		name   string
+		config map[string]string
+		inline bool
+	}{
+		{"encrypt", map[string]string{KeyEncryptKeyURL: encKeyURL(t)}, true},
+		{"redact", map[string]string{KeyRedactFields: "a"}, true},
+		{"validate-json", map[string]string{}, true},
+		{"validate-json", map[string]string{KeyJSONSchema: schema}, false},
+	} {
+		tc.config[KeyTopicPattern] = "j"
+		ch := NewChain([]Instance{newBuiltin(t, tc.name, tc.config)}, Options{Timeout: 100e6})
+		ps, _ := ch.produceProcs("j")
+		if len(ps) != 1 || ps[0].inline != tc.inline {
+			t.Fatalf("%s %v: procs %+v, want inline %v", tc.name, tc.config, ps, tc.inline)
+		}
+		if tc.inline {
+			continue
+		}
+		depth := 18 // about 2 s of validation
+		val := strings.Repeat("[", depth) + strings.Repeat("]", depth)
+		req := buildRequest(t, map[string][]byte{"j": plainBatch(t, 0, -1, val)})
+		out := ch.InterceptProduce(context.Background(), req, nil)
+		if len(out.Answered) != 1 || out.Answered[0].ErrorCode != kerr.RequestTimedOut.Code ||
+			!strings.Contains(out.Answered[0].ErrorMessage, "validate-json ran over") {
+			t.Fatalf("answered %+v", out.Answered)
+		}
+		out.Release()
+	}
+}

@@ -204,12 +204,7 @@ func newValidateSchema(_ context.Context, config map[string]string) (Instance, e
 		return Instance{}, err
 	}
 	in.Close = func() error { tr.CloseIdleConnections(); return nil }
-	for _, ic := range []any{in.Produce, in.Fetch} {
-		if n, ok := ic.(*named); ok {
-			n.noInline = true // it asks the registry over HTTP
-		}
-	}
-	return in, nil
+	return notInline(in), nil // it asks the registry over HTTP, runs CEL rules
 }
 
 // errUnchecked: the registry could not answer and
