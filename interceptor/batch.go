@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"slices"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kbin"
@@ -228,7 +227,9 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	switch {
 	case d.into != nil:
 		base, room = len(*d.into), 0
-		buf = slices.Grow(*d.into, int(size))[:base+batchHeaderLen]
+		// Grown by doubling at least, if the caller's room (an estimate
+		// from the batches as they came) is short.
+		buf = growOut(l, d.pooled, *d.into, max(int(size), base))[:base+batchHeaderLen]
 	case pooled:
 		buf = getOut(int(size))[:batchHeaderLen]
 		l.outs = append(l.outs, buf)

@@ -48,7 +48,9 @@ type FetchOutcome struct {
 }
 
 // Release gives back the memory held for the rewritten batches; call it
-// once the response is encoded.
+// once the response is written: the rewritten record sets' bytes may be
+// reused afterwards (built in pooled buffers when only inliners see the
+// partition).
 func (o *FetchOutcome) Release() { o.led.release() }
 
 // FetchPartition names a partition of a fetch: by topic name (Fetch v0-v12)
@@ -180,7 +182,8 @@ func (c *Chain) InterceptFetchLimited(ctx context.Context, resp *kmsg.FetchRespo
 				continue
 			}
 			fp := fetchPart{topic: name, partition: p.Partition, set: p.RecordBatches, aborted: slices.Clone(p.AbortedTransactions),
-				limit: limitFor(t, p.Partition), firstOK: used == 0, ps: ps, sizers: sizers, from: -1, canStream: canStream}
+				limit: limitFor(t, p.Partition), firstOK: used == 0, ps: ps, sizers: sizers, from: -1, canStream: canStream,
+				pooled: inlineOnly(ps)}
 			if off, ok := limits.FetchOffset[FetchPartition{t.Topic, t.TopicID, p.Partition}]; ok {
 				fp.from = off
 			}
@@ -255,6 +258,9 @@ type fetchPart struct {
 	// appended says so.
 	into     *[]byte
 	appended bool
+	// pooled: only inliners see the partition: its output is built in
+	// pooled buffers (outpool.go).
+	pooled bool
 }
 
 // fetchResult is a partition's rewritten record set. On error, out holds
@@ -294,9 +300,16 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 		}
 		return int64(passed)
 	}
+	// grow makes room for n more bytes in the copied output: a buffer
+	// from the pools (outpool.go) when only inliners see the partition,
+	// given back by the outcome's Release once the response is written
+	// (a fresh one was zeroed and collected per response), else allocated.
+	grow := func(n int) { r.out = growOut(led, fp.pooled, r.out, n) }
 	copyOut := func() {
 		if !copied {
-			r.out, copied = append(make([]byte, 0, len(fp.set)), fp.set[:passed]...), true
+			r.out, copied = nil, true
+			grow(len(fp.set))
+			r.out = append(r.out, fp.set[:passed]...)
 		}
 	}
 	rest := fp.set
@@ -306,7 +319,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 	// rewritten (encrypt) otherwise allocated about five times its size.
 	appendOut := func(b []byte) {
 		if cap(r.out)-len(r.out) < len(b) {
-			r.out = slices.Grow(r.out, len(b)+len(rest)+len(rest)/8)
+			grow(len(b) + len(rest) + len(rest)/8)
 		}
 		r.out = append(r.out, b...)
 	}
@@ -376,7 +389,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 		fp.into, fp.appended = nil, false
 		if copied {
 			if cap(r.out)-len(r.out) < len(raw)+len(raw)/8 {
-				r.out = slices.Grow(r.out, len(raw)+len(rest)+len(rest)/8)
+				grow(len(raw) + len(rest) + len(rest)/8)
 			}
 			fp.into = &r.out
 		}
@@ -672,7 +685,7 @@ func (c *Chain) fetchBatchBytes(ctx context.Context, w *watch, led *ledger, fp *
 		enc, *holes, err = d.encodeStreamed(ctx, led, fp.topic, fp.partition)
 	} else {
 		if headroom == 0 {
-			d.into = fp.into
+			d.into, d.pooled = fp.into, fp.pooled
 		}
 		enc, err = d.encode(ctx, led)
 		fp.appended = d.into != nil && err == nil

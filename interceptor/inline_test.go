@@ -151,22 +151,36 @@ func TestInlinePanicAndClientGone(t *testing.T) {
 // batches passed between them are copied there, and a record that fails
 // ends the output after the records before it. Checked batch by batch
 // (CRC-32C, lengths, counts) and by franz-go's own fetch processing.
+//
+// Inliners' partitions are built in pooled buffers, given back by Release:
+// the package's tests poison what is given back, so the output reads as
+// poison afterwards.
 func TestFetchRewrittenBatchesAppendedInPlace(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprint("inline=", inline), func(t *testing.T) { testFetchAppendedInPlace(t, inline) })
+	}
+}
+
+func testFetchAppendedInPlace(t *testing.T, inline bool) {
 	batch := func(first int64, attrs int16, vals ...string) []byte {
 		b := plainBatch(t, attrs, -1, vals...)
 		binary.BigEndian.PutUint64(b, uint64(first))
 		binary.BigEndian.PutUint32(b[crcOffset:], crc32.Checksum(b[attrOffset:], castagnoli))
 		return b
 	}
-	ch := NewChain([]Instance{{Fetch: icpt(t, "upper", "t", func(_ context.Context, r *Record) error {
+	var ic FetchResponseInterceptor = icpt(t, "upper", "t", func(_ context.Context, r *Record) error {
 		switch {
 		case string(r.Value) == "fail":
 			return errTest
 		case bytes.HasPrefix(r.Value, []byte("x")):
-			r.Value = bytes.ToUpper(bytes.Repeat(r.Value, 50))
+			r.Value = bytes.ToUpper(bytes.Repeat(r.Value, 500))
 		}
 		return nil
-	})}}, Options{})
+	})
+	if inline {
+		ic = inlineIcpt{ic.(*funcIcpt)}
+	}
+	ch := NewChain([]Instance{{Fetch: ic}}, Options{})
 	for _, tc := range []struct {
 		layout []string // a batch's value prefix: "x" rewritten, "a" passed
 		fail   bool     // the last batch's second record fails
@@ -189,7 +203,7 @@ func TestFetchRewrittenBatchesAppendedInPlace(t *testing.T) {
 					break
 				}
 				if v == "x" {
-					val = strings.ToUpper(strings.Repeat(val, 50))
+					val = strings.ToUpper(strings.Repeat(val, 500))
 				}
 				want = append(want, val)
 			}
@@ -213,6 +227,9 @@ func TestFetchRewrittenBatchesAppendedInPlace(t *testing.T) {
 			t.Fatalf("%v: values\n%q\nwant\n%q", tc.layout, got, want)
 		}
 		out.Release()
+		if poisoned := bytes.Count(p.RecordBatches, []byte{0xdb}) == len(p.RecordBatches); poisoned != inline {
+			t.Fatalf("%v: output given back to the pool: %v, want %v", tc.layout, poisoned, inline)
+		}
 	}
 }
 
@@ -253,5 +270,41 @@ func TestInlinersAmongBuiltins(t *testing.T) {
 			t.Fatalf("answered %+v", out.Answered)
 		}
 		out.Release()
+	}
+}
+
+// A Produce partition only inliners see has its rewritten batch encoded
+// into a pooled buffer, given back by Release (poisoned in the package's
+// tests); the same with a non-inliner is its own allocation, kept.
+func TestProducePooledBatches(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		fn := func(_ context.Context, r *Record) error {
+			r.Value = bytes.Repeat(r.Value, 3)
+			return nil
+		}
+		var ic ProduceRequestInterceptor = icpt(t, "grow", ".*", fn)
+		if inline {
+			ic = inlineIcpt{icpt(t, "grow", ".*", fn)}
+		}
+		ch := NewChain([]Instance{{Produce: ic}}, Options{})
+		val := strings.Repeat("v", 3000)
+		req := buildRequest(t, map[string][]byte{"t": plainBatch(t, 0, -1, val, val)})
+		out := ch.InterceptProduce(context.Background(), req, nil)
+		recs := req.Topics[0].Partitions[0].Records
+		if out.Rewritten != 1 || len(out.Answered) != 0 {
+			t.Fatalf("inline %v: rewritten %d answered %+v", inline, out.Rewritten, out.Answered)
+		}
+		checkBatches(t, recs)
+		d, err := decodeBatch(context.Background(), nil, recs)
+		if err != nil || len(d.recs) != 2 || string(d.recs[1].Value) != strings.Repeat(val, 3) {
+			t.Fatalf("inline %v: batch %v, %v", inline, d, err)
+		}
+		out.Release()
+		if poisoned := bytes.Count(recs, []byte{0xdb}) == len(recs); poisoned != inline {
+			t.Fatalf("inline %v: batch given back to the pool: %v", inline, poisoned)
+		}
+		if used := ch.Memory().InUse(); used != 0 {
+			t.Fatalf("inline %v: %d bytes still charged", inline, used)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 )
 
@@ -45,6 +46,21 @@ func getOut(n int) []byte {
 		return (*p)[:0]
 	}
 	return make([]byte, 0, capacity)
+}
+
+// growOut returns b with room for n more bytes: b itself when it has it,
+// else a copy in a buffer from the pools that l gives back when released
+// (pooled), or b grown by the runtime.
+func growOut(l *ledger, pooled bool, b []byte, n int) []byte {
+	switch {
+	case cap(b)-len(b) >= n:
+		return b
+	case pooled && l != nil:
+		nb := append(getOut(len(b)+n), b...)
+		l.outs = append(l.outs, nb)
+		return nb
+	}
+	return slices.Grow(b, n)
 }
 
 // putOut gives b back to its class's pool; nothing may use b afterwards.
