@@ -308,15 +308,11 @@ const inlineMaxBytes = 1 << 20
 // (run), so that a call that ignores ctx cannot hold the connection past
 // its budget.
 func (c *Chain) runPart(ctx context.Context, led *ledger, ps []proc, size int, work func(ctx context.Context, w *watch) (any, *failure)) (any, *failure) {
-	if runsInline(ps, size) {
+	if size <= inlineMaxBytes && inlineOnly(ps) {
 		return c.runInline(ctx, led, work)
 	}
 	return c.run(ctx, led, work)
 }
-
-// runsInline reports whether runPart processes a partition of size record
-// bytes whose interceptors are ps on the caller's goroutine.
-func runsInline(ps []proc, size int) bool { return size <= inlineMaxBytes && inlineOnly(ps) }
 
 // overrun is what the budget's timer found: the failure of the call that
 // ran over it (nil if none did), or how long until the current call (or

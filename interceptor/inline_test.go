@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -307,64 +306,5 @@ func TestProducePooledBatches(t *testing.T) {
 		if used := ch.Memory().InUse(); used != 0 {
 			t.Fatalf("inline %v: %d bytes still charged", inline, used)
 		}
-	}
-}
-
-// The partitions of one Produce request that only inliners see run one
-// after another on the request's goroutine; once one of them runs out of
-// the budget the rest fail unrun (REQUEST_TIMED_OUT), so the request still
-// takes about one budget, as with a goroutine per partition.
-func TestInlinePartitionsOneAfterAnother(t *testing.T) {
-	var calls atomic.Int64
-	var where sync.Map
-	stuck := false
-	fn := func(ctx context.Context, r *Record) error {
-		calls.Add(1)
-		where.Store(goid(), true)
-		if stuck {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return nil
-	}
-	parts := map[string][]byte{"a": plainBatch(t, 0, -1, "1"), "b": plainBatch(t, 0, -1, "2"), "c": plainBatch(t, 0, -1, "3")}
-	ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "ic", ".*", fn)}}}, Options{Timeout: 50e6})
-	out := ch.InterceptProduce(context.Background(), buildRequest(t, parts), nil)
-	n := 0
-	where.Range(func(k, _ any) bool {
-		n++
-		if k != goid() {
-			t.Errorf("a partition ran on goroutine %v, not the request's", k)
-		}
-		return true
-	})
-	if len(out.Answered) != 0 || calls.Load() != 3 || n != 1 {
-		t.Fatalf("answered %+v, %d calls on %d goroutines", out.Answered, calls.Load(), n)
-	}
-	out.Release()
-
-	stuck = true
-	calls.Store(0)
-	out = ch.InterceptProduce(context.Background(), buildRequest(t, parts), nil)
-	if calls.Load() != 1 || len(out.Answered) != 3 || out.Forward {
-		t.Fatalf("%d calls; answered %+v", calls.Load(), out.Answered)
-	}
-	ranOver, unrun := 0, 0
-	for _, a := range out.Answered {
-		switch {
-		case a.ErrorCode != kerr.RequestTimedOut.Code:
-			t.Fatalf("answer %+v", a)
-		case strings.Contains(a.ErrorMessage, "ran out of the time budget first"):
-			unrun++
-		case strings.Contains(a.ErrorMessage, "ic ran over "+KeyTimeout+"=50"):
-			ranOver++
-		}
-	}
-	if ranOver != 1 || unrun != 2 {
-		t.Fatalf("answered %+v", out.Answered)
-	}
-	out.Release()
-	if used := ch.Memory().InUse(); used != 0 {
-		t.Fatalf("%d bytes still charged", used)
 	}
 }

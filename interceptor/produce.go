@@ -134,13 +134,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	// partitions takes about one budget, not one per partition.
 	bnds := c.newBounds()
 	results := make([][]result, len(req.Topics))
-	type job struct {
-		ti, pi int
-		run    func()
-	}
-	// One per partition the interceptors see: those runPart processes
-	// inline (small, only inliners) in inline, the others in jobs.
-	var jobs, inline []job
+	var jobs []func() // one per partition the interceptors see
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelPartitions)
 	for ti, t := range req.Topics {
@@ -159,35 +153,22 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		for pi, p := range t.Partitions {
 			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim,
 				pooled: len(shr) == 0 && inlineOnly(ps)}
-			j := job{ti, pi, func() {
+			jobs = append(jobs, func() {
 				led := c.ledger(bnds)
 				v, f := c.runPart(ctx, led, pp.ps, len(pp.records), func(ctx context.Context, w *watch) (any, *failure) {
 					return c.producePartition(ctx, w, led, pp)
 				})
 				pr, _ := v.(*partitionResult)
 				results[ti][pi] = result{pr, f}
-			}}
-			if runsInline(pp.ps, len(pp.records)) {
-				inline = append(inline, j)
-			} else {
-				jobs = append(jobs, j)
-			}
+			})
 		}
 	}
-	// The partitions processed inline run one after another on this
-	// goroutine once the others are started: they cost no goroutine or
-	// hand-off each. The request still takes about one budget: once one
-	// of them runs out of it (REQUEST_TIMED_OUT), the rest fail unrun.
-	// Without them, the last partition waits for its worker here (a
+	// The last partition waits for its worker on this goroutine (a
 	// producer's request usually holds one partition per topic it writes).
-	last := len(jobs) - 1
-	if len(inline) > 0 {
-		last = -1
-	}
-	for k, j := range jobs {
+	for k, job := range jobs {
 		sem <- struct{}{}
-		if k == last {
-			j.run()
+		if k == len(jobs)-1 {
+			job()
 			<-sem
 			break
 		}
@@ -195,20 +176,8 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			j.run()
+			job()
 		}()
-	}
-	var spent *failure
-	for _, j := range inline {
-		if spent != nil {
-			results[j.ti][j.pi] = result{f: spent}
-			continue
-		}
-		j.run()
-		if f := results[j.ti][j.pi].f; f != nil && f.code == kerr.RequestTimedOut.Code {
-			spent = fail(kerr.RequestTimedOut.Code, fmt.Errorf("not processed: topic %s partition %d of the same request ran out of the time budget first (%s)",
-				names[j.ti], req.Topics[j.ti].Partitions[j.pi].Partition, f.msg))
-		}
 	}
 	wg.Wait()
 	topics := req.Topics[:0]
