@@ -1071,6 +1071,7 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 		}
 		out, release, err := c.response(f, frame)
 		if err != nil {
+			release() // nothing is written: the interceptors' memory and downloads are given back
 			c.fail("rewrite", "bad response from the upstream broker", err)
 			return false
 		}
@@ -1098,6 +1099,7 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 	}
 	out, release, err := c.response(f, frame)
 	if err != nil {
+		release() // nothing is written: the interceptors' memory and downloads are given back
 		c.fail("rewrite", "bad response from the upstream broker", err)
 		return false
 	}
