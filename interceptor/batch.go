@@ -212,7 +212,7 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	room := d.headroom
 	size += int64(room)
 	codec := d.hdr.Attributes & attrCodecMask
-	pooled := d.pooled && d.into == nil && room == 0 && codec == 0 && l != nil && l.mem != nil
+	pooled := d.pooled && d.into == nil && room == 0 && codec == 0 && l != nil
 	if pooled {
 		_, capacity, _ := outClass(int(size))
 		size = int64(capacity) // charged as it is held

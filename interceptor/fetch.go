@@ -313,14 +313,19 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 		}
 	}
 	rest := fp.set
-	// appendOut appends b to the copied output, growing it once for b and
-	// what is left of the input (an eighth more, for records that grow),
-	// not by doubling batch after batch: a fetch whose every batch is
-	// rewritten (encrypt) otherwise allocated about five times its size.
-	appendOut := func(b []byte) {
-		if cap(r.out)-len(r.out) < len(b) {
-			grow(len(b) + len(rest) + len(rest)/8)
+	// reserve makes room for n more bytes in the copied output, growing it
+	// once for them and what is left of the input (an eighth more, for
+	// records that grow), not by doubling batch after batch: a fetch whose
+	// every batch is rewritten (encrypt) otherwise allocated about five
+	// times its size.
+	reserve := func(n int) {
+		if cap(r.out)-len(r.out) < n {
+			grow(n + len(rest) + len(rest)/8)
 		}
+	}
+	// appendOut appends b to the copied output.
+	appendOut := func(b []byte) {
+		reserve(len(b))
 		r.out = append(r.out, b...)
 	}
 	// pass emits raw, the next batch of fp.set, unchanged.
@@ -385,12 +390,10 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 		}
 		start := at()
 		// Once the output is a copy, a rewritten batch is encoded at its
-		// end, grown once for what is left, as appendOut grows it.
+		// end, with room for the batch as it came and an eighth more.
 		fp.into, fp.appended = nil, false
 		if copied {
-			if cap(r.out)-len(r.out) < len(raw)+len(raw)/8 {
-				grow(len(raw) + len(rest) + len(rest)/8)
-			}
+			reserve(len(raw) + len(raw)/8)
 			fp.into = &r.out
 		}
 		nb, holes, cut, err := c.fetchBatch(ctx, w, led, fp, raw, emitted(), room, inAborted, headroom)

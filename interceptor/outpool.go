@@ -70,8 +70,9 @@ func putOut(b []byte) {
 		return
 	}
 	if poisonOuts {
-		for i := range b[:cap(b)] {
-			b[:cap(b)][i] = 0xdb
+		b = b[:cap(b)]
+		for i := range b {
+			b[i] = 0xdb
 		}
 	}
 	b = b[:0]
