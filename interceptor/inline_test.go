@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 )
@@ -306,5 +308,54 @@ func TestProducePooledBatches(t *testing.T) {
 		if used := ch.Memory().InUse(); used != 0 {
 			t.Fatalf("inline %v: %d bytes still charged", inline, used)
 		}
+	}
+}
+
+// HoldsRequest is false only when nothing the outcome keeps can read the
+// request's bytes: every partition forwarded and no deferred work. A
+// partition answered (refused by an interceptor, or over the time budget
+// with its call still running) or a record with deferred work holds them.
+func TestProduceHoldsRequest(t *testing.T) {
+	grow := func(_ context.Context, r *Record) error {
+		r.Value = append(r.Value, '!')
+		return nil
+	}
+	refuse := func(_ context.Context, r *Record) error {
+		if string(r.Value) == "bad" {
+			return errors.New("refused")
+		}
+		return nil
+	}
+	deferred := func(_ context.Context, r *Record) error {
+		r.Defer(&abortCounter{})
+		return nil
+	}
+	release := make(chan struct{})
+	defer close(release)
+	slow := func(ctx context.Context, r *Record) error {
+		if string(r.Value) == "slow" {
+			<-release // runs on past the budget, on the request's bytes
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name   string
+		ic     ProduceRequestInterceptor
+		second string // the value of the second partition's record
+		holds  bool
+	}{
+		{"rewritten by an inliner", inlineIcpt{icpt(t, "grow", ".*", grow)}, "ok", false},
+		{"rewritten in a goroutine", icpt(t, "grow", ".*", grow), "ok", false},
+		{"a partition refused", icpt(t, "refuse", ".*", refuse), "bad", true},
+		{"deferred work", icpt(t, "defer", ".*", deferred), "ok", true},
+		{"a call over the budget", icpt(t, "slow", ".*", slow), "slow", true},
+	} {
+		ch := NewChain([]Instance{{Produce: tc.ic}}, Options{Timeout: 200 * time.Millisecond})
+		req := buildRequest(t, map[string][]byte{"a": plainBatch(t, 0, -1, "ok"), "b": plainBatch(t, 0, -1, tc.second)})
+		out := ch.InterceptProduce(context.Background(), req, nil)
+		if got := out.HoldsRequest(); got != tc.holds {
+			t.Errorf("%s: HoldsRequest %v (answered %+v), want %v", tc.name, got, out.Answered, tc.holds)
+		}
+		out.Release()
 	}
 }

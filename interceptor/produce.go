@@ -233,6 +233,17 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 // reused afterwards (encoded into pooled buffers).
 func (o *ProduceOutcome) Release() { o.led.release() }
 
+// HoldsRequest reports whether anything may still read the bytes of the
+// request the outcome came from once it has been encoded again: an answered
+// partition (merged into the response, or left to an interceptor call that
+// ran over its time budget and may still be reading its records) or
+// deferred work (an Abort may refer to its record). When false, the
+// request's buffer may be reused as soon as the rewritten request is
+// encoded.
+func (o *ProduceOutcome) HoldsRequest() bool {
+	return len(o.Answered) > 0 || len(o.committed) > 0
+}
+
 // partitionResult is a partition that passed the interceptors.
 type partitionResult struct {
 	records   []byte

@@ -413,6 +413,7 @@ func (c *conn) readRequest() bool {
 	ok, free := c.handleWhole(frame, g, streams)
 	release()
 	if pooled && free {
+		requestFramesFreed.Add(1)
 		putFrame(frame)
 	}
 	// Streamed values whose records the chain did not take (a refused
@@ -562,6 +563,10 @@ func (c *conn) wantsResponse(key, version int16, g *chainGen) bool {
 // pooled buffer (for tests: the pooled path was taken).
 var requestFramesPooled atomic.Int64
 
+// requestFramesFreed counts the pooled request frames readRequest gave
+// back once handled (for tests: a rewritten request's frame went back too).
+var requestFramesFreed atomic.Int64
+
 func (c *conn) readWhole(size int32, pool bool) (frame []byte, release func(), pooled bool, err error) {
 	if n := 4 + int(size); pool && n > readerSize && n <= frameStep {
 		_, charged, _ := poolClass(n)
@@ -691,8 +696,18 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 	}
 	// A Produce request forwarded as its frame's bytes, the skim's or
 	// with no produce interceptor: nothing refers to the frame (the
-	// chain's outcome, f.produce, would).
-	return true, h.Key == keyProduce && f.produce == nil && &frame[0] == &whole[0]
+	// chain's outcome, f.produce, would). Or rewritten into a copy, by
+	// interceptor calls that all returned and left nothing that reads the
+	// request (encrypt's sealed records): the frame is free once the copy
+	// is encoded, not only when the response comes (the next request of
+	// the connection takes it from the pool rather than a fresh 64 KiB).
+	if h.Key != keyProduce {
+		return true, false
+	}
+	if &frame[0] == &whole[0] {
+		return true, f.produce == nil
+	}
+	return true, !f.produce.HoldsRequest()
 }
 
 // chargeShape counts the topics and partitions of a request the proxy is

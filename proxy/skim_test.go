@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -108,9 +109,62 @@ func TestProxySkimPassesSmallOffloadsLarge(t *testing.T) {
 // memory budget is all given back.
 func TestProxySkimPooledRequestFrames(t *testing.T) {
 	s, _, _ := skimProxy(t, 3, "4096")
+	before := requestFramesPooled.Load()
+	want := produceMidSized(t, s.Addr(), "lm", func(i int) int {
+		if i%500 == 7 {
+			return 9000 // offloaded: its request goes through the chain
+		}
+		return 900
+	})
+	if n := requestFramesPooled.Load() - before; n == 0 {
+		t.Fatal("no Produce request was read into a pooled buffer (none between 32 and 64 KiB?)")
+	}
+	consumeWant(t, s, "lm", want)
+}
+
+// A Produce request of 32–64 KiB that encrypt rewrites (every value sealed
+// into a copy) gives its pooled frame back as soon as the copy is written
+// upstream (the outcome holds nothing of it), not only requests forwarded as
+// they came; the package's tests poison what goes back to the pools, so a
+// frame still in use would show as a corrupt record. Every value reads back
+// through the proxy, opened, byte for byte, and the budget is all given back.
+func TestProxyEncryptFreesRewrittenRequestFrames(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "enc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(i * 7)
+	}
+	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+		Interceptors: []interceptor.Spec{spec("encrypt", "", interceptor.KeyEncryptKeyURL, "base64key://"+base64.URLEncoding.EncodeToString(key))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(context.Background()) })
+	pooled, freed := requestFramesPooled.Load(), requestFramesFreed.Load()
+	want := produceMidSized(t, s.Addr(), "enc", func(int) int { return 900 })
+	pooled, freed = requestFramesPooled.Load()-pooled, requestFramesFreed.Load()-freed
+	if pooled == 0 || freed != pooled {
+		t.Fatalf("%d rewritten Produce requests read into pooled frames, %d of them given back; want all, and some", pooled, freed)
+	}
+	consumeWant(t, s, "enc", want)
+}
+
+// produceMidSized produces 1,500 records from each of two producers at once
+// through addr to topic (3 partitions), the i-th of a producer size(i)
+// bytes, in 16 KiB batches over the partitions, lingering: requests of up to
+// three batches, most over the proxy's 32 KiB read buffer. It returns the
+// values by key.
+func produceMidSized(t *testing.T, addr, topic string, size func(i int) int) map[string][]byte {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	before := requestFramesPooled.Load()
 	const perProducer = 1500
 	want := map[string][]byte{}
 	var mu sync.Mutex
@@ -120,9 +174,7 @@ func TestProxySkimPooledRequestFrames(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// 16 KiB batches over three partitions, lingering: requests
-			// of up to three batches, most over the 32 KiB read buffer.
-			cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.ProducerBatchCompression(kgo.NoCompression()),
+			cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ProducerBatchCompression(kgo.NoCompression()),
 				kgo.ProducerBatchMaxBytes(16<<10), kgo.ProducerLinger(20*time.Millisecond), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
 			if err != nil {
 				errs <- err
@@ -130,16 +182,12 @@ func TestProxySkimPooledRequestFrames(t *testing.T) {
 			}
 			defer cl.Close()
 			for i := range perProducer {
-				n := 900
-				if i%500 == 7 {
-					n = 9000 // offloaded: its request goes through the chain
-				}
 				key := fmt.Sprintf("p%d-%d", p, i)
-				v := randomValue(uint64(p*perProducer+i), n)
+				v := randomValue(uint64(p*perProducer+i), size(i))
 				mu.Lock()
 				want[key] = v
 				mu.Unlock()
-				cl.Produce(ctx, &kgo.Record{Topic: "lm", Key: []byte(key), Value: v}, func(_ *kgo.Record, err error) {
+				cl.Produce(ctx, &kgo.Record{Topic: topic, Key: []byte(key), Value: v}, func(_ *kgo.Record, err error) {
 					if err != nil {
 						select {
 						case errs <- err:
@@ -158,10 +206,14 @@ func TestProxySkimPooledRequestFrames(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if n := requestFramesPooled.Load() - before; n == 0 {
-		t.Fatal("no Produce request was read into a pooled buffer (none between 32 and 64 KiB?)")
-	}
-	got := consume(t, s.Addr(), "lm", len(want), time.Minute)
+	return want
+}
+
+// consumeWant reads topic through s and checks that it holds exactly the
+// values of want, by key, and that s's memory budget is all given back.
+func consumeWant(t *testing.T, s *Server, topic string, want map[string][]byte) {
+	t.Helper()
+	got := consume(t, s.Addr(), topic, len(want), time.Minute)
 	if len(got) != len(want) {
 		t.Fatalf("read %d records through the proxy, want %d", len(got), len(want))
 	}
