@@ -227,9 +227,15 @@ func (d *decodedBatch) encode(ctx context.Context, l *ledger) ([]byte, error) {
 	switch {
 	case d.into != nil:
 		base, room = len(*d.into), 0
-		// Grown by doubling at least, if the caller's room (an estimate
-		// from the batches as they came) is short.
-		buf = growOut(l, d.pooled, *d.into, max(int(size), base))[:base+batchHeaderLen]
+		// Grown by doubling at least, only if the caller's room (an
+		// estimate from the batches as they came) is short. (Asked for
+		// max(size, base) whatever the room, the output was copied into a
+		// buffer twice as large once it passed half of the one reserved.)
+		buf = *d.into
+		if n := int(size); cap(buf)-base < n {
+			buf = growOut(l, d.pooled, buf, max(n, base))
+		}
+		buf = buf[:base+batchHeaderLen]
 	case pooled:
 		buf = getOut(int(size))[:batchHeaderLen]
 		l.outs = append(l.outs, buf)

@@ -359,3 +359,38 @@ func TestProduceHoldsRequest(t *testing.T) {
 		out.Release()
 	}
 }
+
+// A fetch whose every batch an inliner rewrites, its records shrinking (as
+// encrypt's opened values do), is encoded into the one buffer reserved for
+// the partition at its first rewritten batch: no copy into a larger one
+// once the output passes half of it.
+func TestFetchRewrittenPartitionOneBuffer(t *testing.T) {
+	shrink := inlineIcpt{icpt(t, "shrink", "t", func(_ context.Context, r *Record) error {
+		r.Value = r.Value[:900]
+		return nil
+	})}
+	ch := NewChain([]Instance{{Fetch: shrink}}, Options{})
+	val := strings.Repeat("v", 1000)
+	var set []byte
+	for i := range 40 {
+		b := plainBatch(t, 0, -1, val, val, val, val)
+		binary.BigEndian.PutUint64(b, uint64(i*4))
+		binary.BigEndian.PutUint32(b[crcOffset:], crc32.Checksum(b[attrOffset:], castagnoli))
+		set = append(set, b...)
+	}
+	resp := fetchResponse(map[string][]byte{"t": set})
+	out := ch.InterceptFetch(context.Background(), resp)
+	defer out.Release()
+	p := &resp.Topics[0].Partitions[0]
+	if len(out.Failed) != 0 || out.Rewritten != 1 {
+		t.Fatalf("failed %+v, rewritten %d", out.Failed, out.Rewritten)
+	}
+	checkBatches(t, p.RecordBatches)
+	if n := len(records(t, "t", p)); n != 160 {
+		t.Fatalf("%d records", n)
+	}
+	if _, capacity, _ := outClass(len(set)); cap(p.RecordBatches) > capacity {
+		t.Fatalf("output of %d bytes in a buffer of %d: grown past the %d reserved for the partition's %d bytes",
+			len(p.RecordBatches), cap(p.RecordBatches), capacity, len(set))
+	}
+}
