@@ -1074,6 +1074,27 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 		c.answered(f, int64(4+size))
 		return true
 	}
+	if f.key == keyFetch && f.version >= fetchFirstFlexible && !f.gen.active() && 4+int(size) > readerSize {
+		// A Fetch response only its endpoints could make the proxy
+		// change: written as it arrives (fetchstream.go).
+		if err := c.streamFetch(f, size); err != nil {
+			if !c.closed() {
+				var up upstreamReadError
+				switch {
+				case errors.As(err, &up):
+					c.resetUnanswered()
+					c.fail("upstream_io", "read from the upstream broker failed", err)
+				case errors.Is(err, errFetchWalk):
+					c.fail("rewrite", "bad response from the upstream broker", err)
+				default:
+					c.fail("client_io", "write to client failed", err)
+				}
+			}
+			return false
+		}
+		c.answered(f, int64(4+size))
+		return true
+	}
 	if n := 4 + int(size); n <= readerSize && !(f.gen.active() && (f.key == keyProduce || f.key == keyFetch)) {
 		// A small frame no interceptor reads is looked at where it lies,
 		// in the connection's read buffer, and discarded once written.
