@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kbin"
@@ -46,8 +48,10 @@ var errFetchWalk = errors.New("fetch response does not walk")
 // to the client as it reads: fields into pend, flushed before each record
 // set, which is streamed (spliced) through.
 type fetchWalk struct {
-	c    *conn
-	left int64  // bytes of the frame not read yet
+	ur   *bufio.Reader // the broker's connection, buffered
+	up   io.Reader     // the broker's connection (record sets are spliced from it)
+	to   io.Writer     // the client's connection
+	left int64         // bytes of the frame not read yet
 	pend []byte // read, not yet written to the client
 	err  error  // the first error; every read after it returns zeros
 }
@@ -58,11 +62,21 @@ type fetchWalk struct {
 // connection (upstreamReadError), writing the client's, or errFetchWalk.
 func (c *conn) streamFetch(f *inflight, size int32) error {
 	fetchResponsesStreamed.Add(1)
-	w := &fetchWalk{c: c, left: 4 + int64(size), pend: make([]byte, 0, 512)}
 	c.setWriteDeadline()
+	w := &fetchWalk{ur: c.ur, up: c.upstream, to: c.client, left: 4 + int64(size), pend: make([]byte, 0, 512)}
+	tags, err := w.walk(f.version, c.s.mapAddress)
+	if tags {
+		c.s.m.rewrites.WithLabelValues(apiName(f.key)).Inc()
+	}
+	return err
+}
+
+// walk streams the frame (Fetch version) and reports whether its KIP-951
+// endpoints were rewritten (through m).
+func (w *fetchWalk) walk(version int16, m AddressMapper) (rewritten bool, err error) {
 	w.skip(4 + 4) // size, correlation id
 	w.tags()      // the response header's
-	w.fetchResponse(f.version)
+	w.fetchResponse(version)
 	// What is left of the frame is the response's tagged fields: a few
 	// endpoints (1 MiB is thousands of brokers).
 	if w.err == nil && w.left > maxFetchTags {
@@ -71,18 +85,17 @@ func (c *conn) streamFetch(f *inflight, size int32) error {
 	start := len(w.pend)
 	w.skip(int(w.left))
 	if w.err != nil {
-		return w.err
+		return false, w.err
 	}
-	tags, err := sameLengthTags(f.version, w.pend[start:], c.s.mapAddress)
+	tags, err := sameLengthTags(version, w.pend[start:], m)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if tags != nil {
-		c.s.m.rewrites.WithLabelValues(apiName(f.key)).Inc()
 		w.pend = append(w.pend[:start], tags...)
 	}
 	w.flush()
-	return w.err
+	return tags != nil, w.err
 }
 
 // fetchResponsesStreamed counts the Fetch responses streamFetch wrote (for
@@ -107,13 +120,13 @@ func (w *fetchWalk) take(n int) []byte {
 	start := len(w.pend)
 	for need := n; need > 0; {
 		k := min(need, readerSize)
-		b, err := w.c.ur.Peek(k)
+		b, err := w.ur.Peek(k)
 		if err != nil {
 			w.err = upstreamReadError{eofInFrame(err)}
 			return nil
 		}
 		w.pend = append(w.pend, b...)
-		_, _ = w.c.ur.Discard(k)
+		_, _ = w.ur.Discard(k)
 		need -= k
 	}
 	w.left -= int64(n)
@@ -125,7 +138,7 @@ func (w *fetchWalk) flush() {
 	if w.err != nil || len(w.pend) == 0 {
 		return
 	}
-	if _, err := w.c.client.Write(w.pend); err != nil {
+	if _, err := w.to.Write(w.pend); err != nil {
 		w.err = err
 	}
 	w.pend = w.pend[:0]
@@ -223,7 +236,7 @@ func (w *fetchWalk) records(n int) {
 	// (stream reads the broker and writes the client: an error of
 	// either ends the connection the same way, as for a response that
 	// streams through whole)
-	if err := stream(w.c.client, w.c.ur, w.c.upstream, int64(n)); err != nil {
+	if err := stream(w.to, w.ur, w.up, int64(n)); err != nil {
 		w.err = err
 		return
 	}

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -285,4 +287,137 @@ func TestFetchStreamedWithEndpoints(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fuzzStreamedFetch builds a Fetch response of version from seed's bytes
+// (zeros once they run out): up to three topics (named, or by id from v13)
+// of up to three partitions each, with error codes, aborted transactions,
+// preferred replicas, record sets null, empty, small or over the read
+// buffer, the partition tags (diverging epoch, current leader, an unknown
+// one), up to two NodeEndpoints and an unknown top-level tag. The record
+// sets are not batches: the walk does not read them.
+func fuzzStreamedFetch(seed []byte, version int16) *kmsg.FetchResponse {
+	i := 0
+	next := func() int {
+		if i >= len(seed) {
+			return 0
+		}
+		i++
+		return int(seed[i-1])
+	}
+	r := kmsg.NewPtrFetchResponse()
+	r.SetVersion(version)
+	r.ThrottleMillis, r.SessionID = int32(next()), int32(next())
+	for range next() % 4 {
+		tp := kmsg.NewFetchResponseTopic()
+		tp.Topic = strings.Repeat("t", next()%40)
+		tp.TopicID[0] = byte(next())
+		for p := range next() % 4 {
+			pp := kmsg.NewFetchResponseTopicPartition()
+			pp.Partition, pp.ErrorCode, pp.HighWatermark = int32(p), int16(next()%3), int64(next())
+			for range next() % 3 {
+				a := kmsg.NewFetchResponseTopicPartitionAbortedTransaction()
+				a.ProducerID, a.FirstOffset = int64(next()), int64(next())
+				pp.AbortedTransactions = append(pp.AbortedTransactions, a)
+			}
+			pp.PreferredReadReplica = int32(next()) - 1
+			switch next() % 4 {
+			case 0:
+				pp.RecordBatches = nil
+			case 1:
+				pp.RecordBatches = []byte{}
+			case 2:
+				pp.RecordBatches = bytes.Repeat([]byte{byte(p)}, next()*7)
+			case 3:
+				pp.RecordBatches = bytes.Repeat([]byte{byte(p)}, readerSize+next()*1000)
+			}
+			if next()%3 == 0 {
+				pp.CurrentLeader.LeaderID, pp.CurrentLeader.LeaderEpoch = 1, 2
+			}
+			if next()%4 == 0 {
+				pp.DivergingEpoch.Epoch, pp.DivergingEpoch.EndOffset = 3, 4
+			}
+			if next()%5 == 0 {
+				pp.UnknownTags.Set(9, []byte{1, 2})
+			}
+			tp.Partitions = append(tp.Partitions, pp)
+		}
+		r.Topics = append(r.Topics, tp)
+	}
+	for range next() % 3 {
+		b := kmsg.NewFetchResponseBroker()
+		b.NodeID, b.Host, b.Port = int32(next()), "B"+strings.Repeat("b", next()%50), int32(next())
+		r.Brokers = append(r.Brokers, b)
+	}
+	if next()%4 == 0 {
+		r.UnknownTags.Set(7, []byte("x"))
+	}
+	return r
+}
+
+// Fetch responses that kmsg encodes (fuzzStreamedFetch, versions 12–17)
+// walked as the proxy streams them (fetchWalk: record sets over the read
+// buffer spliced through, the rest copied): with no NodeEndpoints the client
+// gets the broker's bytes exactly; with them, a frame of the same length that
+// kmsg decodes to the same response but for the endpoints (the proxy's, or
+// none) and the pad tag.
+func FuzzFetchStream(f *testing.F) {
+	f.Add([]byte{1, 2, 2, 5, 1, 1, 9, 1, 1, 3, 3, 0, 0, 0}, uint8(0), uint8(3))
+	f.Add([]byte{0, 0, 1, 0, 0, 1, 0, 0, 0, 0, 3, 9, 0, 1, 1, 2, 9, 1, 7, 8, 9, 0}, uint8(5), uint8(60))
+	f.Add([]byte{9, 9, 3, 30, 7, 3, 1, 2, 2, 1, 2, 3, 4, 3, 200, 1, 1, 1, 2, 1, 5, 9, 2, 2, 20, 9}, uint8(1), uint8(0))
+	f.Fuzz(func(t *testing.T, seed []byte, v, hostLen uint8) {
+		version := 12 + int16(v%6)
+		r := fuzzStreamedFetch(seed, version)
+		body := r.AppendTo(nil)
+		frame := binary.BigEndian.AppendUint32(nil, uint32(4+1+len(body)))
+		frame = append(binary.BigEndian.AppendUint32(frame, 7), 0) // correlation id, no header tags
+		frame = append(frame, body...)
+		src := bytes.NewReader(frame)
+		var out bytes.Buffer
+		w := &fetchWalk{ur: bufio.NewReaderSize(src, readerSize), up: src, to: &out, left: int64(len(frame))}
+		proxyHost := "P" + strings.Repeat("p", int(hostLen)%60)
+		rewritten, err := w.walk(version, func(_ int32, _ string, port int32) (string, int32, error) {
+			return proxyHost, port + 1, nil
+		})
+		if err != nil {
+			t.Fatalf("v%d: %v", version, err)
+		}
+		got := out.Bytes()
+		if len(got) != len(frame) {
+			t.Fatalf("v%d: a frame of %d bytes went out as %d", version, len(frame), len(got))
+		}
+		if rewritten != (len(r.Brokers) > 0) {
+			t.Fatalf("v%d: rewritten %v with %d endpoints", version, rewritten, len(r.Brokers))
+		}
+		if !rewritten {
+			if !bytes.Equal(got, frame) {
+				t.Fatalf("v%d: the frame went out changed", version)
+			}
+			return
+		}
+		if !bytes.Equal(got[:9], frame[:9]) {
+			t.Fatalf("v%d: size or header changed", version)
+		}
+		r2 := kmsg.NewPtrFetchResponse()
+		r2.SetVersion(version)
+		if err := r2.ReadFrom(got[9:]); err != nil {
+			t.Fatalf("v%d: the rewritten response does not decode: %v", version, err)
+		}
+		for _, b := range r2.Brokers {
+			if b.Host != proxyHost {
+				t.Fatalf("v%d: endpoint host %q reached the client", version, b.Host)
+			}
+		}
+		// Everything else as the broker sent it.
+		var tags kmsg.Tags
+		r2.UnknownTags.Each(func(k uint32, v []byte) {
+			if k != padTag {
+				tags.Set(k, v)
+			}
+		})
+		r2.UnknownTags, r2.Brokers = tags, r.Brokers
+		if !bytes.Equal(r2.AppendTo(nil), body) {
+			t.Fatalf("v%d: the response changed beyond its endpoints", version)
+		}
+	})
 }
