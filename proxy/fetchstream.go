@@ -52,8 +52,8 @@ type fetchWalk struct {
 	up   io.Reader     // the broker's connection (record sets are spliced from it)
 	to   io.Writer     // the client's connection
 	left int64         // bytes of the frame not read yet
-	pend []byte // read, not yet written to the client
-	err  error  // the first error; every read after it returns zeros
+	pend []byte        // read, not yet written to the client
+	err  error         // the first error; every read after it returns zeros
 }
 
 // streamFetch writes f's response, a Fetch response frame of 4+size bytes
