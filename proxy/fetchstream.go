@@ -54,6 +54,7 @@ type fetchWalk struct {
 	left int64         // bytes of the frame not read yet
 	pend []byte        // read, not yet written to the client
 	err  error         // the first error; every read after it returns zeros
+	hold bool          // the tagged fields at the end: held whole, to be rewritten
 }
 
 // streamFetch writes f's response, a Fetch response frame of 4+size bytes
@@ -82,6 +83,8 @@ func (w *fetchWalk) walk(version int16, m AddressMapper) (rewritten bool, err er
 	if w.err == nil && w.left > maxFetchTags {
 		w.fail(fmt.Sprintf("%d bytes of tagged fields", w.left))
 	}
+	w.flush()
+	w.hold = true
 	start := len(w.pend)
 	w.skip(int(w.left))
 	if w.err != nil {
@@ -130,8 +133,18 @@ func (w *fetchWalk) take(n int) []byte {
 		need -= k
 	}
 	w.left -= int64(n)
-	return w.pend[start:]
+	out := w.pend[start:]
+	if !w.hold && len(w.pend) >= pendFlush {
+		w.flush() // (out stays readable: flush keeps pend's array)
+	}
+	return out
 }
+
+// pendFlush is how much of the frame's fields (and small record sets)
+// fetchWalk holds before writing them: a response of many small partitions
+// is not a write per partition, and a connection holds at most this plus one
+// read buffer's worth.
+const pendFlush = 16 << 10
 
 // flush writes pend to the client.
 func (w *fetchWalk) flush() {
@@ -212,8 +225,8 @@ func (w *fetchWalk) fetchResponse(version int16) {
 
 // records streams a record set of n bytes from the broker to the client,
 // after what was read before it. A set no larger than the read buffer is
-// copied with the fields around it instead, written once 64 KiB are held:
-// a response of many small partitions is not a write per partition.
+// copied with the fields around it instead (written with them once
+// pendFlush bytes are held).
 func (w *fetchWalk) records(n int) {
 	if w.err != nil {
 		return
@@ -224,9 +237,6 @@ func (w *fetchWalk) records(n int) {
 	}
 	if n <= readerSize {
 		w.skip(n)
-		if len(w.pend) >= 64<<10 {
-			w.flush()
-		}
 		return
 	}
 	w.flush()
