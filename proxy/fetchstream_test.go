@@ -186,18 +186,8 @@ func TestFetchStreamedWithEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	real := map[string]bool{}
-	for _, a := range c.ListenAddrs() {
-		real[a] = true
-	}
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Shutdown(context.Background())
+	real := brokerAddrs(c)
+	s := startProxy(t, Config{Upstream: c.ListenAddrs(), Logger: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Both partitions led by one broker, 100 KB of records in partition 0.

@@ -26,7 +26,17 @@ func plainProxy(t *testing.T) (*Server, *kfake.Cluster) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	return startProxy(t, Config{Upstream: c.ListenAddrs(), Logger: slog.New(slog.DiscardHandler)}), c
+}
+
+// startProxy starts a proxy of cfg listening on a free loopback port (when
+// cfg names none), shut down at the end of the test.
+func startProxy(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +44,7 @@ func plainProxy(t *testing.T) (*Server, *kfake.Cluster) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
-	return s, c
+	return s
 }
 
 // produceV9Frame is a Produce v9 request frame of one batch of values for

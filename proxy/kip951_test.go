@@ -25,10 +25,7 @@ func TestKIP951EndpointsRewrittenBelowKIPVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	real := map[string]bool{}
-	for _, a := range c.ListenAddrs() {
-		real[a] = true
-	}
+	real := brokerAddrs(c)
 	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -124,4 +121,14 @@ func TestKIP951EndpointsRewrittenBelowKIPVersions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// brokerAddrs is the set of c's brokers' own addresses (host:port), which
+// must never reach a client of the proxy.
+func brokerAddrs(c *kfake.Cluster) map[string]bool {
+	real := map[string]bool{}
+	for _, a := range c.ListenAddrs() {
+		real[a] = true
+	}
+	return real
 }

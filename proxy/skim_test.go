@@ -138,15 +138,8 @@ func TestProxyEncryptFreesRewrittenRequestFrames(t *testing.T) {
 	for i := range key {
 		key[i] = byte(i * 7)
 	}
-	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0",
+	s := startProxy(t, Config{Upstream: c.ListenAddrs(),
 		Interceptors: []interceptor.Spec{spec("encrypt", "", interceptor.KeyEncryptKeyURL, "base64key://"+base64.URLEncoding.EncodeToString(key))}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Shutdown(context.Background()) })
 	pooled, freed := requestFramesPooled.Load(), requestFramesFreed.Load()
 	want := produceMidSized(t, s.Addr(), "enc", func(int) int { return 900 })
 	pooled, freed = requestFramesPooled.Load()-pooled, requestFramesFreed.Load()-freed
