@@ -24,14 +24,15 @@ import (
 // the brokers that lead partitions that moved), which must reach the client
 // as the proxy's endpoints, never the broker's. By then the size prefix is
 // written, so the tagged fields are rewritten to the same length
-// (sameLengthTags): the endpoints mapped, and padded with an unknown tagged
-// field (clients skip unknown tags: KIP-482) when they came out shorter; when
-// they came out longer, the NodeEndpoints field is dropped (and padded): the
-// client then finds the new leader by a metadata request, as before KIP-951.
+// (sameLengthTags): the endpoints mapped, and padded with one or two unknown
+// tagged fields (clients skip unknown tags: KIP-482) when they came out
+// shorter by 3 bytes or more; else the NodeEndpoints field is dropped (and
+// padded): the client then finds the new leader by a metadata request, as
+// before KIP-951.
 
-// padTag is the number of the tagged field sameLengthTags pads with: one no
-// Fetch response version defines (Kafka's top-level tags are 0, NodeEndpoints,
-// and the numbers are given in order).
+// padTag and padTag+1 are the numbers of the tagged fields sameLengthTags
+// pads with: ones no Fetch response version defines (Kafka's only top-level
+// tag is 0, NodeEndpoints, and new ones are numbered in order).
 const padTag = 10000
 
 // maxFetchTags bounds the tagged fields at the end of a streamed Fetch
@@ -55,6 +56,10 @@ type fetchWalk struct {
 	pend []byte        // read, not yet written to the client
 	err  error         // the first error; every read after it returns zeros
 	hold bool          // the tagged fields at the end: held whole, to be rewritten
+	// progress, before each write: moves the client's write deadline
+	// (conn.setWriteDeadline), so that it bounds a stall between parts,
+	// not the whole response; nil: none.
+	progress func()
 }
 
 // streamFetch writes f's response, a Fetch response frame of 4+size bytes
@@ -63,8 +68,7 @@ type fetchWalk struct {
 // connection (upstreamReadError), writing the client's, or errFetchWalk.
 func (c *conn) streamFetch(f *inflight, size int32) error {
 	fetchResponsesStreamed.Add(1)
-	c.setWriteDeadline()
-	w := &fetchWalk{ur: c.ur, up: c.upstream, to: c.client, left: 4 + int64(size), pend: make([]byte, 0, 512)}
+	w := &fetchWalk{ur: c.ur, up: c.upstream, to: c.client, left: 4 + int64(size), pend: make([]byte, 0, 512), progress: c.setWriteDeadline}
 	tags, err := w.walk(f.version, c.s.mapAddress)
 	if tags {
 		c.s.m.rewrites.WithLabelValues(apiName(f.key)).Inc()
@@ -150,6 +154,9 @@ const pendFlush = 16 << 10
 func (w *fetchWalk) flush() {
 	if w.err != nil || len(w.pend) == 0 {
 		return
+	}
+	if w.progress != nil {
+		w.progress()
 	}
 	if _, err := w.to.Write(w.pend); err != nil {
 		w.err = err
@@ -243,6 +250,9 @@ func (w *fetchWalk) records(n int) {
 	if w.err != nil {
 		return
 	}
+	if w.progress != nil {
+		w.progress()
+	}
 	// (stream reads the broker and writes the client: an error of
 	// either ends the connection the same way, as for a response that
 	// streams through whole)
@@ -280,29 +290,24 @@ func sameLengthTags(version int16, tags []byte, m AddressMapper) ([]byte, error)
 		resp.Brokers = nil // an endpoint that does not map: none rather than the broker's
 	}
 	orig := resp.UnknownTags // the broker's other tagged fields, kept
-	// encode encodes the section, padded by an unknown tagged field of pad
-	// bytes (-1: none).
-	encode := func(pad int) []byte {
+	// encode encodes the section with pad fields of these sizes (tags
+	// padTag, padTag+1) after the others.
+	encode := func(pads ...int) []byte {
 		var t kmsg.Tags
 		orig.Each(func(k uint32, v []byte) { t.Set(k, v) })
-		if pad >= 0 {
-			t.Set(padTag, make([]byte, pad))
+		for i, n := range pads {
+			t.Set(padTag+uint32(i), make([]byte, n))
 		}
 		resp.UnknownTags = t
 		return resp.AppendTo(make([]byte, 0, len(body)+8))[fixed:]
 	}
 	for range 2 {
-		out := encode(-1)
-		if len(out) == len(tags) {
+		out := encode()
+		if gap := len(tags) - len(out); gap == 0 {
 			return out, nil
-		}
-		// The pad field: 2 bytes of tag number, 1 or 2 of length (under
-		// 128, under 16384), then its bytes.
-		for _, pad := range []int{len(tags) - len(out) - 3, len(tags) - len(out) - 4} {
-			if pad >= 0 {
-				if out = encode(pad); len(out) == len(tags) {
-					return out, nil
-				}
+		} else if gap > 0 {
+			if out := padTo(len(tags), gap, encode); out != nil {
+				return out, nil
 			}
 		}
 		resp.Brokers = nil // longer than they came, or no padding fits: dropped
@@ -322,4 +327,32 @@ func namesNode(tags []byte) (bool, error) {
 		b.Span(int(b.Uvarint()))
 	}
 	return found, b.Complete()
+}
+
+// padTo returns encode's output padded by gap bytes to exactly n, or nil
+// when no padding makes it so (a gap of 1 or 2 bytes: a pad field takes 3 at
+// least). A pad field is 2 bytes of tag number (padTag), 1 to 5 of length,
+// then its zero bytes; the tag count may take a byte more. One field is
+// tried first, then an empty one and another (a gap one field cannot make:
+// 131 bytes, where a 127-byte pad takes 130 and a 128-byte one 132).
+func padTo(n, gap int, encode func(pads ...int) []byte) []byte {
+	for _, fields := range []int{1, 2} {
+		for lenBytes := 1; lenBytes <= 5; lenBytes++ {
+			for count := 0; count <= 1; count++ {
+				size := gap - 2 - lenBytes - count
+				pads := []int{size}
+				if fields == 2 {
+					size -= 3
+					pads = []int{0, size}
+				}
+				if size < 0 {
+					continue
+				}
+				if out := encode(pads...); len(out) == n {
+					return out
+				}
+			}
+		}
+	}
+	return nil
 }

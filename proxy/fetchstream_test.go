@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -143,6 +144,68 @@ func TestSameLengthTagsUnmappedAndMalformed(t *testing.T) {
 	}
 }
 
+// Every shape of NodeEndpoints keeps its length without an error, and
+// keeps the proxy's endpoints when they fit: 1–4 brokers with hosts of 1–200
+// bytes, against proxy hosts of 1 to 250 bytes. Found by a fault-finding
+// run on Kafka 4.2.2: with one pad field, a section whose gap was 131 bytes
+// (or, once the endpoints were dropped, 132 bytes of tagged fields, such as
+// one broker with a 107-byte rack, or three pod-named brokers) could not be
+// padded, and the client's connection was closed mid-response.
+func TestSameLengthTagsNeverFails(t *testing.T) {
+	for n := 1; n <= 4; n++ {
+		for bl := 1; bl <= 200; bl++ {
+			var brokers []kmsg.FetchResponseBroker
+			for i := range n {
+				b := kmsg.NewFetchResponseBroker()
+				b.NodeID, b.Host, b.Port = int32(i), "B"+strings.Repeat("b", bl-1), 9092
+				brokers = append(brokers, b)
+			}
+			tags := fetchTags(t, brokers, false)
+			for _, pl := range []int{1, 9, 20, 60, 250} {
+				proxyHost := strings.Repeat("p", pl)
+				out, err := sameLengthTags(16, tags, func(node int32, _ string, _ int32) (string, int32, error) {
+					return proxyHost, 19092 + node, nil
+				})
+				if err != nil {
+					t.Fatalf("%d brokers of %d-byte hosts (%d bytes of tagged fields), proxy host of %d bytes: %v", n, bl, len(tags), pl, err)
+				}
+				got := checkSameLength(t, tags, out, brokers[0].Host, false)
+				if short := n * (bl - pl); short >= 3 && len(got) != n {
+					t.Fatalf("%d brokers of %d-byte hosts, proxy host of %d bytes: %d endpoints, want them mapped", n, bl, pl, len(got))
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		hosts []string
+		rack  string
+		proxy string
+	}{
+		{"a 107-byte rack (Kafka 4.2.2)", []string{"127.0.0.1"}, strings.Repeat("r", 107), "::ffff:127.0.0.1"},
+		{"three pods", []string{"kafka-0.kafka-hl.prod.svc.local", "kafka-1.kafka-hl.prod.svc.local", "kafka-2.kafka-hl.prod.svc.local2"}, "", "ferry-proxy.kafka-edge.prod.example.com"},
+		{"300 brokers, over 16 KiB more than the proxy's", slices.Repeat([]string{"kafka-" + strings.Repeat("x", 60) + ".example.internal"}, 300), "", "p"},
+	} {
+		var brokers []kmsg.FetchResponseBroker
+		for i, h := range tc.hosts {
+			b := kmsg.NewFetchResponseBroker()
+			b.NodeID, b.Host, b.Port = int32(i), h, 9092
+			if tc.rack != "" {
+				b.Rack = &tc.rack
+			}
+			brokers = append(brokers, b)
+		}
+		tags := fetchTags(t, brokers, true)
+		out, err := sameLengthTags(16, tags, func(node int32, _ string, _ int32) (string, int32, error) {
+			return tc.proxy, 19092 + node, nil
+		})
+		if err != nil {
+			t.Fatalf("%s (%d bytes of tagged fields): %v", tc.name, len(tags), err)
+		}
+		checkSameLength(t, tags, out, tc.hosts[0], true)
+	}
+}
+
 func FuzzSameLengthTags(f *testing.F) {
 	b := kmsg.NewFetchResponseBroker()
 	b.NodeID, b.Host, b.Port = 1, "broker-1", 9092
@@ -155,7 +218,16 @@ func FuzzSameLengthTags(f *testing.F) {
 			hosts = append(hosts, host)
 			return proxyHost, port, nil
 		})
-		if err != nil || out == nil {
+		if err != nil {
+			// Only a section that does not decode may fail.
+			r := kmsg.NewPtrFetchResponse()
+			r.SetVersion(16)
+			if r.ReadFrom(append([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, tags...)) == nil {
+				t.Fatalf("a section kmsg decodes failed: %v", err)
+			}
+			return
+		}
+		if out == nil {
 			return
 		}
 		if len(out) != len(tags) {
@@ -284,7 +356,8 @@ func TestFetchStreamedWithEndpoints(t *testing.T) {
 // of up to three partitions each, with error codes, aborted transactions,
 // preferred replicas, record sets null, empty, small or over the read
 // buffer, the partition tags (diverging epoch, current leader, an unknown
-// one), up to two NodeEndpoints and an unknown top-level tag. The record
+// one), up to four NodeEndpoints (hosts up to 160 bytes, racks up to 255)
+// and an unknown top-level tag. The record
 // sets are not batches: the walk does not read them.
 func fuzzStreamedFetch(seed []byte, version int16) *kmsg.FetchResponse {
 	i := 0
@@ -334,9 +407,13 @@ func fuzzStreamedFetch(seed []byte, version int16) *kmsg.FetchResponse {
 		}
 		r.Topics = append(r.Topics, tp)
 	}
-	for range next() % 3 {
+	for range next() % 5 {
 		b := kmsg.NewFetchResponseBroker()
-		b.NodeID, b.Host, b.Port = int32(next()), "B"+strings.Repeat("b", next()%50), int32(next())
+		b.NodeID, b.Host, b.Port = int32(next()), "B"+strings.Repeat("b", next()%160), int32(next())
+		if next()%3 == 0 {
+			rack := strings.Repeat("r", next())
+			b.Rack = &rack
+		}
 		r.Brokers = append(r.Brokers, b)
 	}
 	if next()%4 == 0 {
@@ -365,7 +442,7 @@ func FuzzFetchStream(f *testing.F) {
 		src := bytes.NewReader(frame)
 		var out bytes.Buffer
 		w := &fetchWalk{ur: bufio.NewReaderSize(src, readerSize), up: src, to: &out, left: int64(len(frame))}
-		proxyHost := "P" + strings.Repeat("p", int(hostLen)%60)
+		proxyHost := "P" + strings.Repeat("p", int(hostLen))
 		rewritten, err := w.walk(version, func(_ int32, _ string, port int32) (string, int32, error) {
 			return proxyHost, port + 1, nil
 		})
@@ -401,7 +478,7 @@ func FuzzFetchStream(f *testing.F) {
 		// Everything else as the broker sent it.
 		var tags kmsg.Tags
 		r2.UnknownTags.Each(func(k uint32, v []byte) {
-			if k != padTag {
+			if k != padTag && k != padTag+1 {
 				tags.Set(k, v)
 			}
 		})
