@@ -140,9 +140,15 @@ func TestProxyEncryptFreesRewrittenRequestFrames(t *testing.T) {
 	}
 	s := startProxy(t, Config{Upstream: c.ListenAddrs(),
 		Interceptors: []interceptor.Spec{spec("encrypt", "", interceptor.KeyEncryptKeyURL, "base64key://"+base64.URLEncoding.EncodeToString(key))}})
-	pooled, freed := requestFramesPooled.Load(), requestFramesFreed.Load()
+	pooled0, freed0 := requestFramesPooled.Load(), requestFramesFreed.Load()
 	want := produceMidSized(t, s.Addr(), "enc", func(int) int { return 900 })
-	pooled, freed = requestFramesPooled.Load()-pooled, requestFramesFreed.Load()-freed
+	// A frame goes back after its request went upstream, which may be
+	// after the client has its answer: waited for, within a bound.
+	pooled, freed := requestFramesPooled.Load()-pooled0, requestFramesFreed.Load()-freed0
+	for deadline := time.Now().Add(10 * time.Second); freed < pooled && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		freed = requestFramesFreed.Load() - freed0
+	}
 	if pooled == 0 || freed != pooled {
 		t.Fatalf("%d rewritten Produce requests read into pooled frames, %d of them given back; want all, and some", pooled, freed)
 	}
