@@ -350,7 +350,13 @@ func TestProduceHoldsRequest(t *testing.T) {
 		{"deferred work", icpt(t, "defer", ".*", deferred), "ok", true},
 		{"a call over the budget", icpt(t, "slow", ".*", slow), "slow", true},
 	} {
-		ch := NewChain([]Instance{{Produce: tc.ic}}, Options{Timeout: 200 * time.Millisecond})
+		// The budget: short where a call is meant to run over it, ample
+		// elsewhere, so a loaded machine does not make a call overrun.
+		budget := 10 * time.Second
+		if tc.second == "slow" {
+			budget = 100 * time.Millisecond
+		}
+		ch := NewChain([]Instance{{Produce: tc.ic}}, Options{Timeout: budget})
 		req := buildRequest(t, map[string][]byte{"a": plainBatch(t, 0, -1, "ok"), "b": plainBatch(t, 0, -1, tc.second)})
 		out := ch.InterceptProduce(context.Background(), req, nil)
 		if got := out.HoldsRequest(); got != tc.holds {
