@@ -121,7 +121,7 @@ func (w *fetchWalk) take(n int) []byte {
 		return nil
 	}
 	if n < 0 || int64(n) > w.left {
-		w.err = fmt.Errorf("%w: a field of %d bytes, %d left in the frame", errFetchWalk, n, w.left)
+		w.fail(fmt.Sprintf("a field of %d bytes, %d left in the frame", n, w.left))
 		return nil
 	}
 	start := len(w.pend)
@@ -315,8 +315,9 @@ func sameLengthTags(version int16, tags []byte, m AddressMapper) ([]byte, error)
 	return nil, fmt.Errorf("%w: its tagged fields (%d bytes) cannot keep their length without the broker's endpoints", errFetchWalk, len(tags))
 }
 
-// namesNode reports whether a tagged-field section holds tag 0 (a Fetch
-// response's NodeEndpoints).
+// namesNode reports whether a tagged-field section holds tag 0 (a Produce or
+// Fetch response's NodeEndpoints); errors: a section that does not read to
+// its end.
 func namesNode(tags []byte) (bool, error) {
 	b := kbin.Reader{Src: tags}
 	found := false

@@ -225,14 +225,12 @@ func namesBrokers(key, version int16, body []byte) (bool, error) {
 	default:
 		return false, errShape
 	}
-	found := false
-	for n := s.b.Uvarint(); n > 0 && s.b.Ok(); n-- {
-		if s.b.Uvarint() == 0 {
-			found = true
-		}
-		s.b.Span(int(s.b.Uvarint()))
+	if !s.b.Ok() {
+		return false, errShape
 	}
-	if err := s.b.Complete(); err != nil {
+	// What is left is the response's tagged fields.
+	found, err := namesNode(s.b.Src)
+	if err != nil {
 		return false, errShape
 	}
 	return found, nil
