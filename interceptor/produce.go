@@ -173,11 +173,11 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			break
 		}
 		wg.Add(1)
-		go func() {
+		partitionWorkers.do(func() {
 			defer wg.Done()
 			defer func() { <-sem }()
 			job()
-		}()
+		})
 	}
 	wg.Wait()
 	topics := req.Topics[:0]

@@ -1,0 +1,76 @@
+package interceptor
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// The pool runs jobs handed to it at once, each beside the others (a busy
+// worker never delays a job), reuses a worker that waits, and a worker
+// idle for its bound ends (the next job starts a new one).
+func TestWorkerPool(t *testing.T) {
+	p := &workerPool{jobs: make(chan func()), idle: 500 * time.Millisecond}
+	const n = maxParallelPartitions
+	var all, started sync.WaitGroup
+	all.Add(n)
+	started.Add(n)
+	release := make(chan struct{})
+	for range n {
+		p.do(func() {
+			defer all.Done()
+			started.Done()
+			<-release // returns only once every job has started
+		})
+	}
+	waitOrFail(t, &started, "the jobs to start side by side")
+	close(release)
+	waitOrFail(t, &all, "the jobs to end")
+	if got := p.started.Load(); got != n {
+		t.Fatalf("%d workers started for %d jobs running at once", got, n)
+	}
+	// The workers now wait for jobs: one is handed to one of them. A
+	// worker that has not reached its wait yet is not a fault (do starts
+	// another), so the hand-off is tried until one takes it, within the
+	// idle bound's margin.
+	var ran sync.WaitGroup
+	for tries := 1; ; tries++ {
+		before := p.started.Load()
+		ran.Add(1)
+		p.do(ran.Done)
+		waitOrFail(t, &ran, "a job on a waiting worker")
+		if p.started.Load() == before {
+			break // a waiting worker took it
+		}
+		if tries == 10 {
+			t.Fatalf("no waiting worker took a job in %d tries", tries)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Idle past the bound, every worker ends: the next job starts one.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		before := p.started.Load()
+		time.Sleep(3 * p.idle)
+		ran.Add(1)
+		p.do(ran.Done)
+		waitOrFail(t, &ran, "a job after the workers went idle")
+		if p.started.Load() == before+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idle workers still took jobs after %s", time.Minute)
+		}
+	}
+}
+
+func waitOrFail(t *testing.T, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("waited a minute for %s", what)
+	}
+}
