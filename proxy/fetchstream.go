@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync/atomic"
 
 	"github.com/twmb/franz-go/pkg/kbin"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -67,7 +66,7 @@ type fetchWalk struct {
 // correlation id), to the client as it arrives. Errors: reading the broker's
 // connection (upstreamReadError), writing the client's, or errFetchWalk.
 func (c *conn) streamFetch(f *inflight, size int32) error {
-	fetchResponsesStreamed.Add(1)
+	c.s.m.fetchStreamed.Inc()
 	w := &fetchWalk{ur: c.ur, up: c.upstream, to: c.client, left: 4 + int64(size), pend: make([]byte, 0, 512), progress: c.setWriteDeadline}
 	tags, err := w.walk(f.version, c.s.mapAddress)
 	if tags {
@@ -104,10 +103,6 @@ func (w *fetchWalk) walk(version int16, m AddressMapper) (rewritten bool, err er
 	w.flush()
 	return tags != nil, w.err
 }
-
-// fetchResponsesStreamed counts the Fetch responses streamFetch wrote (for
-// tests: the streamed path was taken).
-var fetchResponsesStreamed atomic.Int64
 
 // upstreamReadError wraps an error reading the broker's connection.
 type upstreamReadError struct{ err error }

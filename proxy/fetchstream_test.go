@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -247,7 +248,7 @@ func FuzzSameLengthTags(f *testing.F) {
 }
 
 // A Fetch response larger than the proxy's read buffer streams through
-// (fetchResponsesStreamed), at the first flexible version and at v17: its
+// (ferry_proxy_fetch_responses_streamed_total), at the first flexible version and at v17: its
 // record set reaches the client byte for byte as the broker sent it, and
 // when another partition's leader moved (NOT_LEADER_OR_FOLLOWER), the
 // response's KIP-951 endpoints, at its end, name the proxy's listeners, not
@@ -315,12 +316,12 @@ func TestFetchStreamedWithEndpoints(t *testing.T) {
 		if _, err := cl.Request(ctx, kmsg.NewPtrMetadataRequest()); err != nil {
 			t.Fatal(err)
 		}
-		streamed := fetchResponsesStreamed.Load()
+		streamed := testutil.ToFloat64(s.m.fetchStreamed)
 		resp, err := cl.Broker(int(lead)).Request(ctx, fetch())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fetchResponsesStreamed.Load() == streamed {
+		if testutil.ToFloat64(s.m.fetchStreamed) == streamed {
 			t.Fatalf("v%d: the response was not streamed", version)
 		}
 		r := resp.(*kmsg.FetchResponse)

@@ -25,6 +25,7 @@ type metrics struct {
 	rewrites         *prometheus.CounterVec // api
 	listeners        prometheus.Gauge
 	idleClosed       prometheus.Counter
+	fetchStreamed    prometheus.Counter // Fetch responses streamFetch wrote
 
 	// The children of requests and latency by API key, made at a key's
 	// first use (a series appears at its first count) and kept, so the
@@ -104,10 +105,12 @@ func newMetrics() *metrics {
 		Help: "Responses whose broker endpoints were rewritten, by API name."}, []string{"api"})
 	m.listeners = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ferry_proxy_broker_listeners",
 		Help: "Per-broker listeners open now (one per node id seen)."})
+	m.fetchStreamed = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_fetch_responses_streamed_total",
+		Help: "Fetch responses (v12+, no interceptors) written to the client as they arrived from the broker, not read whole first."})
 	m.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_proxy_idle_connections_closed_total",
 		Help: "Client connections closed after connections.max.idle.ms without a request or response."})
 	m.reg.MustRegister(m.idleClosed, m.connsActive, m.connsTotal, m.requests, m.latency, m.bytesIn, m.bytesOut, m.errors,
-		m.upstreamConnects, m.rewrites, m.listeners,
+		m.upstreamConnects, m.rewrites, m.fetchStreamed, m.listeners,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
