@@ -467,6 +467,16 @@ func (r *proxyReplica) start() {
 	r.p, r.bootstrap = np, np.bootstrap
 }
 
+// adminAddr is the running process's admin address (host:port, for scrape).
+func (r *proxyReplica) adminAddr() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.p == nil {
+		r.t.Fatalf("the proxy replica is not running")
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(r.p.metrics, "http://"), "/metrics")
+}
+
 // stderr is the log of every process so far, the running one's too.
 func (r *proxyReplica) stderr() string {
 	r.mu.Lock()

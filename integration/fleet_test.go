@@ -3,8 +3,10 @@ package integration
 // Fleet-shaped faults (issue 22, item 2): a real three-broker KRaft cluster
 // (scripts/kafka-broker with FERRY_KAFKA_NODES=3: replication factor 3,
 // min.insync.replicas 2) behind two `ferry proxy` replicas (a port per
-// broker) that clients know through one bootstrap list, and a third replica
-// routing by SNI (one TLS port) with clients of its own. Idempotent franz-go
+// broker) that clients know through one bootstrap list, a third replica
+// routing by SNI (one TLS port) with clients of its own, and a fourth
+// without interceptors with a reader of its own (fleetplain_test.go: the
+// plain proxy's streamed Fetch responses). Idempotent franz-go
 // producers (acks=all) write through the proxies' large-message interceptor
 // (every 20th record offloaded to the real S3 server, sealed under the real
 // KMS's key when it runs), two consumers in a group read back through the
@@ -83,6 +85,7 @@ type fleet struct {
 	topic    string
 	proxies  []*proxyReplica // a port per broker
 	sni      *proxyReplica   // SNI routing
+	plain    *plainReader    // a replica without interceptors, and its reader
 	sniSeeds []string        // its bootstrap name
 	sniDial  kgo.Opt         // a dialer that sends each name as SNI to its one port
 	load     *faultLoad
@@ -206,6 +209,9 @@ sni:
 	f.load.startConsumer([]string{a, b}, group)
 	f.load.startConsumer([]string{b, a}, group)
 	f.load.startConsumer(f.sniSeeds, group, f.sniDial)
+	// A fourth replica, without interceptors, and a reader through it
+	// (fleetplain_test.go).
+	f.plain = startPlainReader(f, bin, env["FERRY_KAFKA_BROKERS"])
 	f.awaitAcked("start")
 
 	faults := []struct {
@@ -240,6 +246,7 @@ sni:
 	f.load.setPhase("end")
 
 	tallies := f.load.finish(3*time.Minute, readStore, f.phases)
+	f.plain.finish(f.phases)
 	for _, c := range tallies {
 		t.Logf("%s", c)
 		min := fleetMinAcked
@@ -445,12 +452,13 @@ func (f *fleet) brokerAdded() {
 	// Each replica is asked for Metadata as a new client would (its own
 	// clients may all be on the other replica), then must have opened a
 	// listener for (or routed by SNI) the node id it saw for the first time.
-	for _, p := range f.proxies {
+	portPerBroker := append(slices.Clone(f.proxies), f.plain.proxy)
+	for _, p := range portPerBroker {
 		f.brokerVia(p.bootstrap, id)
 	}
 	f.brokerVia(f.sniSeeds[0], id, f.sniDial)
 	want := fmt.Sprintf("node=%d ", id)
-	for i, p := range f.proxies {
+	for i, p := range portPerBroker {
 		if l := logLines(p.stderr(), "broker listener opened"); !strings.Contains(l, want) {
 			t.Errorf("proxy %d logged no listener for the new broker %d:\n%s", i, id, l)
 		}
@@ -458,7 +466,7 @@ func (f *fleet) brokerAdded() {
 	if l := logLines(f.sni.stderr(), "broker routed by SNI"); !strings.Contains(l, want) {
 		t.Errorf("the SNI proxy logged no route for the new broker %d:\n%s", id, l)
 	}
-	f.checkLog = append(f.checkLog, fmt.Sprintf("broker-added: broker %d joined, partition %d on %v, 50 records acknowledged on it through the proxies (both port-per-broker replicas opened a listener for node %d, the SNI replica routed broker-%d)", id, n, replicas, id, id))
+	f.checkLog = append(f.checkLog, fmt.Sprintf("broker-added: broker %d joined, partition %d on %v, 50 records acknowledged on it through the proxies (the three port-per-broker replicas opened a listener for node %d, the SNI replica routed broker-%d)", id, n, replicas, id, id))
 }
 
 // brokerVia asks the proxy at seed for the cluster's brokers and checks
