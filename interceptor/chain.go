@@ -170,16 +170,6 @@ func (c *Chain) rejected(topic, direction string, code int16) {
 func (c *Chain) HasProduce() bool { return len(c.produce) > 0 }
 func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
 
-// ProduceInline reports whether every produce interceptor of the chain is
-// an inliner (encrypt, redact, validate-json without a schema): its calls
-// do work linear in one record and return soon after their ctx ends, so
-// the proxy need not watch the client's socket while they run (a goroutine
-// and two wake-ups per request, 3.4 % of encrypt's produce CPU) to stop
-// them when the client goes away: the time budget already bounds them.
-func (c *Chain) ProduceInline() bool {
-	return !slices.ContainsFunc(c.produce, func(ic ProduceRequestInterceptor) bool { return !inlineOf(ic) })
-}
-
 // proc is one interceptor as the chain calls it.
 type proc struct {
 	name string

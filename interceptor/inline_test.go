@@ -400,33 +400,3 @@ func TestFetchRewrittenPartitionOneBuffer(t *testing.T) {
 			len(p.RecordBatches), cap(p.RecordBatches), capacity, len(set))
 	}
 }
-
-// ProduceInline: only a chain whose every produce interceptor is an
-// inliner runs unwatched (the proxy's watchClient).
-func TestProduceInline(t *testing.T) {
-	ctx := context.Background()
-	enc, err := New(ctx, "encrypt", map[string]string{KeyEncryptKeyURL: encKeyURL(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer enc.Close()
-	redact := newBuiltin(t, "redact", map[string]string{KeyRedactFields: "ssn"})
-	plainJSON := newBuiltin(t, "validate-json", map[string]string{})
-	schemaJSON := newBuiltin(t, "validate-json", map[string]string{KeyJSONSchema: `{"type":"object"}`})
-	own := Instance{Produce: icpt(t, "own", ".*", func(context.Context, *Record) error { return nil })}
-	for _, tc := range []struct {
-		name string
-		ins  []Instance
-		want bool
-	}{
-		{"encrypt", []Instance{enc}, true},
-		{"redact, validate-json, encrypt", []Instance{redact, plainJSON, enc}, true},
-		{"validate-json with a schema", []Instance{schemaJSON}, false},
-		{"an interceptor of the user's", []Instance{own}, false},
-		{"encrypt after the user's", []Instance{own, enc}, false},
-	} {
-		if got := NewChain(tc.ins, Options{}).ProduceInline(); got != tc.want {
-			t.Errorf("%s: ProduceInline %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}

@@ -304,13 +304,7 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	if err != nil {
 		return nil, false, err
 	}
-	// Work that may run long (publishing payloads, a user's interceptor)
-	// stops when the client goes away; an inliner's is bounded by the
-	// time budget and not watched.
-	ctx, stop := c.ctx, func() {}
-	if f.streams != nil || !f.gen.chain.ProduceInline() {
-		ctx, stop = c.watchClient()
-	}
+	ctx, stop := c.watchClient()
 	if f.streams != nil {
 		ctx = interceptor.WithStreams(ctx, f.streams)
 	}
