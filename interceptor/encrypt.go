@@ -110,6 +110,12 @@ type Encrypt struct {
 	pattern *regexp.Regexp
 	kr      *envelope.Keyring
 	headers []string // header names sealed besides the value
+	// ctxBound: every key's KMS client ends its calls when their ctx
+	// ends, so a record's call returns soon after the time budget runs
+	// out and a small partition may run on the request's goroutine
+	// (inliner). gocloud.dev's hashivault keeper does not pass ctx to
+	// Vault: with a hashivault:// key a call may outlive the budget.
+	ctxBound bool
 	// wrapped is the length of the last wrapped data key sealed with, to
 	// size a sealed field's buffer (and its memory charge) before sealing.
 	wrapped atomic.Int64
@@ -162,7 +168,7 @@ func newEncrypt(ctx context.Context, config map[string]string) (Instance, error)
 	if err != nil {
 		return Instance{}, fmt.Errorf("%s / %s: %w", KeyEncryptKeyURL, KeyEncryptDecryptKeyURLs, err)
 	}
-	e := &Encrypt{pattern: re, kr: kr, headers: headers}
+	e := &Encrypt{pattern: re, kr: kr, headers: headers, ctxBound: !slices.ContainsFunc(append([]string{cfg.KeyURL}, cfg.DecryptKeyURLs...), isVaultURL)}
 	in := Instance{Close: kr.Close}
 	if p {
 		in.Produce = e
@@ -199,8 +205,13 @@ func positiveInt(config map[string]string, key string, def int64) (int64, error)
 }
 
 func (e *Encrypt) Name() string                 { return "encrypt" }
-func (e *Encrypt) inline() bool                 { return true } // a KMS is asked with ctx
+func (e *Encrypt) inline() bool                 { return e.ctxBound }
 func (e *Encrypt) TopicPattern() *regexp.Regexp { return e.pattern }
+
+// isVaultURL reports whether u is a hashivault:// key URL.
+func isVaultURL(u string) bool {
+	return strings.HasPrefix(strings.ToLower(strings.TrimSpace(u)), "hashivault://")
+}
 
 // sealsHeader reports whether headers named name are sealed.
 func (e *Encrypt) sealsHeader(name string) bool { return slices.Contains(e.headers, name) }
@@ -316,7 +327,7 @@ func markerLists(marker []byte, name string) bool {
 type encryptFetch struct{ e *Encrypt }
 
 func (f encryptFetch) Name() string                 { return "encrypt" }
-func (f encryptFetch) inline() bool                 { return true }
+func (f encryptFetch) inline() bool                 { return f.e.ctxBound }
 func (f encryptFetch) TopicPattern() *regexp.Regexp { return f.e.pattern }
 
 // ProcessRecord opens the fields r's HeaderEncrypted marker names and

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -399,4 +401,79 @@ func TestFetchRewrittenPartitionOneBuffer(t *testing.T) {
 		t.Fatalf("output of %d bytes in a buffer of %d: grown past the %d reserved for the partition's %d bytes",
 			len(p.RecordBatches), cap(p.RecordBatches), capacity, len(set))
 	}
+}
+
+// encrypt with a hashivault:// key is no inliner: gocloud.dev's Vault
+// keeper does not pass ctx on, so a Vault that never answers would hold
+// the request's goroutine past the time budget (and a proxy's shutdown
+// with it; found by a helper). Its partition runs in a goroutine of its
+// own: the request gets REQUEST_TIMED_OUT within the budget, and the
+// fetch half likewise. Other key URLs stay inliners.
+func TestEncryptVaultNotInline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn // accepted, never answered
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { // the abandoned calls end when their connections do
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	t.Setenv("VAULT_SERVER_URL", "http://"+ln.Addr().String())
+	t.Setenv("VAULT_SERVER_TOKEN", "test")
+	ctx := context.Background()
+	vault, err := New(ctx, "encrypt", map[string]string{KeyEncryptKeyURL: "hashivault://ferry-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := New(ctx, "encrypt", map[string]string{KeyEncryptKeyURL: encKeyURL(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decryptVault, err := New(ctx, "encrypt", map[string]string{KeyEncryptKeyURL: encKeyURL(t), KeyEncryptDecryptKeyURLs: "hashivault://old"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		in   Instance
+		want bool
+	}{{"hashivault", vault, false}, {"base64key", local, true}, {"base64key, hashivault to decrypt", decryptVault, false}} {
+		if got := inlineOf(tc.in.Produce); got != tc.want {
+			t.Errorf("%s: produce half inliner %v, want %v", tc.name, got, tc.want)
+		}
+		if got := inlineOf(tc.in.Fetch); got != tc.want {
+			t.Errorf("%s: fetch half inliner %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	const budget = 300 * time.Millisecond
+	ch := NewChain([]Instance{vault}, Options{Timeout: budget})
+	req := buildRequest(t, map[string][]byte{"t": plainBatch(t, 0, -1, "a")})
+	start := time.Now()
+	out := ch.InterceptProduce(ctx, req, nil)
+	took := time.Since(start)
+	if len(out.Answered) != 1 || out.Answered[0].ErrorCode != kerr.RequestTimedOut.Code {
+		t.Fatalf("outcome %+v", out)
+	}
+	// Well within the Vault client's own 60 s timeout: the budget ended it.
+	if took > 30*time.Second {
+		t.Fatalf("the request took %s with a %s budget", took, budget)
+	}
+	out.Release()
 }
