@@ -13,20 +13,7 @@ import (
 func TestWorkerPool(t *testing.T) {
 	p := &workerPool{idleFor: 500 * time.Millisecond}
 	const n = maxParallelPartitions
-	var all, started sync.WaitGroup
-	all.Add(n)
-	started.Add(n)
-	release := make(chan struct{})
-	for range n {
-		p.do(func() {
-			defer all.Done()
-			started.Done()
-			<-release // returns only once every job has started
-		})
-	}
-	waitOrFail(t, &started, "the jobs to start side by side")
-	close(release)
-	waitOrFail(t, &all, "the jobs to end")
+	burst(t, p, n)
 	if got := p.started.Load(); got != n {
 		t.Fatalf("%d workers started for %d jobs running at once", got, n)
 	}
@@ -65,6 +52,26 @@ func TestWorkerPool(t *testing.T) {
 	}
 }
 
+// burst hands p n jobs that each return only once all n have started (so
+// they run side by side), and waits for them to end.
+func burst(t *testing.T, p *workerPool, n int) {
+	t.Helper()
+	var all, started sync.WaitGroup
+	all.Add(n)
+	started.Add(n)
+	release := make(chan struct{})
+	for range n {
+		p.do(func() {
+			defer all.Done()
+			started.Done()
+			<-release
+		})
+	}
+	waitOrFail(t, &started, "a burst's jobs to start side by side")
+	close(release)
+	waitOrFail(t, &all, "a burst's jobs to end")
+}
+
 func waitOrFail(t *testing.T, wg *sync.WaitGroup, what string) {
 	t.Helper()
 	done := make(chan struct{})
@@ -83,20 +90,7 @@ func waitOrFail(t *testing.T, wg *sync.WaitGroup, what string) {
 func TestWorkerPoolShrinks(t *testing.T) {
 	p := &workerPool{idleFor: 200 * time.Millisecond}
 	const n = 16
-	var all, started sync.WaitGroup
-	all.Add(n)
-	started.Add(n)
-	release := make(chan struct{})
-	for range n {
-		p.do(func() {
-			defer all.Done()
-			started.Done()
-			<-release
-		})
-	}
-	waitOrFail(t, &started, "the burst's jobs to start")
-	close(release)
-	waitOrFail(t, &all, "the burst's jobs to end")
+	burst(t, p, n)
 	if got := p.live.Load(); got != n {
 		t.Fatalf("%d workers live after a burst of %d", got, n)
 	}
