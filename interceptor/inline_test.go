@@ -410,32 +410,11 @@ func TestFetchRewrittenPartitionOneBuffer(t *testing.T) {
 // own: the request gets REQUEST_TIMED_OUT within the budget, and the
 // fetch half likewise. Other key URLs stay inliners.
 func TestEncryptVaultNotInline(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var held []net.Conn // accepted, never answered
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { // the abandoned calls end when their connections do
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	})
-	t.Setenv("VAULT_SERVER_URL", "http://"+ln.Addr().String())
+	addr := silentVault.start(t)
+	t.Cleanup(silentVault.hangUp) // the abandoned calls end when their connections do
+	// gocloud.dev's hashivault opener reads the address once per process:
+	// the server is the same for every run of the test (-count).
+	t.Setenv("VAULT_SERVER_URL", "http://"+addr)
 	t.Setenv("VAULT_SERVER_TOKEN", "test")
 	ctx := context.Background()
 	vault, err := New(ctx, "encrypt", map[string]string{KeyEncryptKeyURL: "hashivault://ferry-test"})
@@ -476,4 +455,52 @@ func TestEncryptVaultNotInline(t *testing.T) {
 		t.Fatalf("the request took %s with a %s budget", took, budget)
 	}
 	out.Release()
+}
+
+// silentVault accepts connections and never answers: a Vault that hangs.
+var silentVault hangingServer
+
+type hangingServer struct {
+	once sync.Once
+	addr string
+	err  error
+	mu   sync.Mutex
+	held []net.Conn
+}
+
+// start starts it once per test process and returns its address.
+func (v *hangingServer) start(t *testing.T) string {
+	v.once.Do(func() {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			v.err = err
+			return
+		}
+		v.addr = ln.Addr().String()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				v.mu.Lock()
+				v.held = append(v.held, c)
+				v.mu.Unlock()
+			}
+		}()
+	})
+	if v.err != nil {
+		t.Fatal(v.err)
+	}
+	return v.addr
+}
+
+// hangUp closes the connections it holds.
+func (v *hangingServer) hangUp() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, c := range v.held {
+		c.Close()
+	}
+	v.held = nil
 }
