@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kbin"
@@ -164,6 +165,26 @@ func (c *conn) fail(kind string, msg string, err error) {
 	c.s.m.errors.WithLabelValues(kind).Inc()
 	c.log.Warn(msg+"; closing the connection", "err", err)
 	c.close()
+}
+
+// writeFailed ends the connection after a write to the client failed. A
+// client that closed its connection while a response was owed (EPIPE, or
+// ECONNRESET when upstream can be told apart: a consumer that closes with
+// a fetch outstanding, as Kafka's clients do on close) ends it as the
+// broker sees it: logged at debug, not counted as an error. Any other
+// failure (the write deadline: a client that stopped reading) is
+// client_io. reset: the error is the client's alone, so ECONNRESET
+// counts as the client's close too.
+func (c *conn) writeFailed(err error, reset bool) {
+	if c.closed() {
+		return
+	}
+	if errors.Is(err, syscall.EPIPE) || reset && errors.Is(err, syscall.ECONNRESET) {
+		c.log.Debug("client closed the connection before its response was written", "err", err)
+		c.close()
+		return
+	}
+	c.fail("client_io", "write to client failed", err)
 }
 
 func (c *conn) recoverPanic() {
@@ -1066,9 +1087,7 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 	if !f.decode {
 		c.setWriteDeadline()
 		if err := stream(c.client, c.ur, c.upstream, int64(4+size)); err != nil {
-			if !c.closed() {
-				c.fail("client_io", "write to client failed", err)
-			}
+			c.writeFailed(err, false) // a reset may be the broker's
 			return false
 		}
 		c.answered(f, int64(4+size))
@@ -1086,8 +1105,8 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 					c.fail("upstream_io", "read from the upstream broker failed", err)
 				case errors.Is(err, errFetchWalk):
 					c.fail("rewrite", "bad response from the upstream broker", err)
-				default:
-					c.fail("client_io", "write to client failed", err)
+				default: // stream's: the client's write, or the broker's splice
+					c.writeFailed(err, false)
 				}
 			}
 			return false
@@ -1236,9 +1255,7 @@ func (c *conn) answerRun(f *inflight, n int, w *upstreamWatch) bool {
 		for _, g := range run[1:] {
 			g.drop() // f is dropped by writeLoop
 		}
-		if !c.closed() {
-			c.fail("client_io", "write to client failed", err)
-		}
+		c.writeFailed(err, true)
 		return false
 	}
 	for i, g := range run {
@@ -1252,9 +1269,7 @@ func (c *conn) answerRun(f *inflight, n int, w *upstreamWatch) bool {
 func (c *conn) write(f *inflight, out []byte) bool {
 	c.setWriteDeadline()
 	if _, err := c.client.Write(out); err != nil {
-		if !c.closed() {
-			c.fail("client_io", "write to client failed", err)
-		}
+		c.writeFailed(err, true)
 		return false
 	}
 	c.answered(f, int64(len(out)))
@@ -1286,9 +1301,7 @@ func (c *conn) writeParts(f *inflight) bool {
 			continue
 		}
 		if err := flush(i); err != nil {
-			if !c.closed() {
-				c.fail("client_io", "write to client failed", err)
-			}
+			c.writeFailed(err, true)
 			return false
 		}
 		if h == nil {
@@ -1296,9 +1309,7 @@ func (c *conn) writeParts(f *inflight) bool {
 		}
 		if _, err := h.Stream(deadlineWriter{c}); err != nil {
 			if !errors.Is(err, interceptor.ErrStreamedPayload) {
-				if !c.closed() {
-					c.fail("client_io", "write to client failed", err)
-				}
+				c.writeFailed(err, false)
 				return false
 			}
 			// The consumer reconnects and fetches the record again: logged
