@@ -303,7 +303,7 @@ func (v *verifier) Close() error { return v.rc.Close() }
 // by a consumer without encryption configured, what it means.
 func (v *verifier) sealedHint(err error) error {
 	if envelope.IsSealed(v.head) {
-		return fmt.Errorf("the payload is encrypted, and %s is not set: %w", KeyEncryptionKeyURL, err)
+		return fmt.Errorf("the payload is encrypted, and %s is not set: set it to the producer's key (read as they are, its sealed bytes fail the record's checks: %w)", KeyEncryptionKeyURL, err)
 	}
 	return err
 }

@@ -1067,7 +1067,7 @@ func TestResolveEncryptedTampered(t *testing.T) {
 	}
 	defer s.Close()
 	err = largemessage.NewDeserializer(s, false).Resolve(ctx, rec)
-	if !errors.Is(err, largemessage.ErrSizeMismatch) || !strings.Contains(err.Error(), largemessage.KeyEncryptionKeyURL) {
+	if !errors.Is(err, largemessage.ErrSizeMismatch) || !strings.Contains(err.Error(), "the payload is encrypted, and "+largemessage.KeyEncryptionKeyURL+" is not set: set it to the producer's key") {
 		t.Fatalf("without encryption: %v, want a size mismatch naming %s", err, largemessage.KeyEncryptionKeyURL)
 	}
 }

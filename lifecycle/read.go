@@ -154,7 +154,11 @@ func readGroup(ctx context.Context, cl *kgo.Client, topic string, spans map[int3
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
 			if ferr == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-				ferr = fmt.Errorf("gc: fetching topic %s partition %d: %w", t, p, err)
+				where := fmt.Sprintf("topic %s partition %d", t, p)
+				if t == "" { // franz-go's error of a whole fetch response
+					where = "from the brokers"
+				}
+				ferr = fmt.Errorf("gc: fetching %s: %w", where, err)
 			}
 		})
 		if ferr != nil {

@@ -390,6 +390,11 @@ func TestCLIConsumeReceiveMaxBytes(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "raise it with -X receive.message.max.bytes=BYTES") {
 		t.Fatalf("a 900 KiB record with receive.message.max.bytes=65536: exit %d, want an error naming the key", r.code)
 	}
+	// franz-go reports it for the whole fetch (topic "", partition -1): the
+	// message says so rather than naming an empty topic.
+	if !strings.Contains(r.stderr, "fetching from the brokers: ") || strings.Contains(r.stderr, "partition -1") {
+		t.Fatalf("the error names no topic as such: %s", r.stderr)
+	}
 	r = run(t, nil, append([]string{"consume", "--brokers", brokers, "--topic", "t", "-n", "1", "--timeout", "30s",
 		"--out", filepath.Join(dir, "b"), "-X", "receive.message.max.bytes=2097152"}, small...)...)
 	if r.code != 0 || fileSHA(t, filepath.Join(dir, "b", "rec")) != sum {

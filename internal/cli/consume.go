@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/ferrykit/ferry/internal/schemareg"
 	"github.com/ferrykit/ferry/largemessage"
@@ -205,6 +206,7 @@ type consumer struct {
 	last    *kgo.Record     // the last record written out
 	partial bool            // a value was cut short on standard output
 	written map[string]bool // the names written under out in this run (outputName)
+	sealed  bool            // a record sealed by a proxy's encrypt was met (warned once)
 }
 
 // stopped is the error of a consume interrupted (ctx ended) after done
@@ -245,7 +247,7 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
 			if ferr == nil && !(timedOut && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))) {
-				ferr = fmt.Errorf("fetching topic %s partition %d: %w", t, p, err)
+				ferr = fmt.Errorf("fetching %s: %w", fetchWhere(t, p), err)
 				if strings.Contains(err.Error(), "response exceeds BrokerMaxReadBytes") {
 					// (franz-go's error is not exported; TestCLIConsumeReceiveMaxBytes checks the text.)
 					ferr = fmt.Errorf("%w (a fetch response is larger than %s; a ferry proxy returns a resolved record whole in one response: raise it with -X %s=BYTES, at most 1073741824, and at least fetch.max.bytes)", ferr, keyReceiveMaxBytes, keyReceiveMaxBytes)
@@ -290,6 +292,13 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 
 // one resolves r's value as it streams and writes it out.
 func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
+	if !c.sealed && hasHeader(r, interceptor.HeaderEncrypted) {
+		// Written as it is (a backup may want the ciphertext), but the
+		// reader should know: only a ferry proxy opens such records.
+		c.sealed = true
+		slog.Warn("a record sealed by a ferry proxy's encrypt interceptor (header "+interceptor.HeaderEncrypted+"): its value and sealed headers are written as ciphertext; consume through the proxy to read the plaintext (warned once per run)",
+			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset)
+	}
 	// An offloaded key is resolved in memory (keys are small next to the
 	// values this streams); it is shown in the record's line.
 	err := c.de.ResolveKey(ctx, r)
@@ -403,4 +412,24 @@ func (c *consumer) recordErr(r *kgo.Record, err error) error {
 		return err
 	}
 	return fmt.Errorf("topic %s partition %d offset %d: %w", r.Topic, r.Partition, r.Offset, err)
+}
+
+// fetchWhere names what a fetch error is about: a topic's partition, or
+// the fetch as a whole (franz-go reports errors of a whole response, such as
+// one over receive.message.max.bytes, under topic "" and partition -1).
+func fetchWhere(topic string, partition int32) string {
+	if topic == "" {
+		return "from the brokers"
+	}
+	return fmt.Sprintf("topic %s partition %d", topic, partition)
+}
+
+// hasHeader reports whether r carries a header named key.
+func hasHeader(r *kgo.Record, key string) bool {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return true
+		}
+	}
+	return false
 }
