@@ -306,12 +306,8 @@ func (s *Server) reload(ctx context.Context, trigger string, cfg Config) error {
 		return ErrReloadShutdown
 	}
 	s.rm.reloads.WithLabelValues("success").Inc()
-	names := make([]string, len(cfg.Interceptors))
-	for i, sp := range cfg.Interceptors {
-		names[i] = sp.Name
-	}
 	attrs := []any{"trigger", trigger, "generation", g.gen, "version", g.version, "previous_version", old.version,
-		"interceptors", names, "took", time.Since(start).Round(time.Microsecond)}
+		"interceptors", specNames(cfg.Interceptors), "took", time.Since(start).Round(time.Microsecond)}
 	if keys := restartOnly(s.cfg, cfg); len(keys) > 0 {
 		s.log.Warn("config reloaded: interceptors switched for new requests; changed keys that need a restart were NOT applied",
 			append(attrs, "restart_required", keys)...)
@@ -329,4 +325,14 @@ func (s *Server) ChainGeneration() (gen uint64, version string) {
 		return 0, ""
 	}
 	return g.gen, g.version
+}
+
+// specNames is the interceptors' names in chain order, as the logs show
+// them.
+func specNames(specs []interceptor.Spec) []string {
+	names := make([]string, len(specs))
+	for i, sp := range specs {
+		names[i] = sp.Name
+	}
+	return names
 }

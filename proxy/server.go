@@ -208,11 +208,11 @@ func (s *Server) Start(ctx context.Context) error {
 		listener = nodeSNI
 		s.log.Info("proxy listening, routing by TLS server name (SNI)", "listen", ln.Addr().String(),
 			"sni.bootstrap.host", s.cfg.SNI.BootstrapHost, "sni.broker.host.pattern", s.cfg.SNI.BrokerHostPattern,
-			"advertised_port", s.advertisedPort, "upstream", s.cfg.Upstream,
+			"advertised_port", s.advertisedPort, "upstream", s.cfg.Upstream, "interceptors", specNames(s.cfg.Interceptors),
 			"max.connections", s.cfg.MaxConnections, "max.connections.per.ip", s.cfg.MaxConnectionsPerIP)
 	} else {
 		s.log.Info("proxy listening", "bootstrap", ln.Addr().String(), "advertised_host", s.advertisedHost,
-			"upstream", s.cfg.Upstream, "tls", s.clientTLS != nil,
+			"upstream", s.cfg.Upstream, "tls", s.clientTLS != nil, "interceptors", specNames(s.cfg.Interceptors),
 			"max.connections", s.cfg.MaxConnections, "max.connections.per.ip", s.cfg.MaxConnectionsPerIP)
 	}
 	s.wg.Add(1)

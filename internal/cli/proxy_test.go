@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -157,6 +158,7 @@ func TestProxyLogLevel(t *testing.T) {
 		{[]string{"proxy", "--upstream", upstream, "--listen", "127.0.0.1:0"}, true},
 		{[]string{"proxy", "--log-level", "warn", "--upstream", upstream, "--listen", "127.0.0.1:0"}, false},
 		{[]string{"--log-level", "warn", "proxy", "--upstream", upstream, "--listen", "127.0.0.1:0"}, false},
+		{[]string{"proxy", "--upstream", upstream, "--listen", "127.0.0.1:0", "--interceptors", "validate-json"}, true},
 	} {
 		ctx, cancel := context.WithCancel(context.Background())
 		var stdout, stderr lockedBuffer
@@ -171,6 +173,14 @@ func TestProxyLogLevel(t *testing.T) {
 		}
 		if got := strings.Contains(stderr.String(), `level=INFO msg="proxy listening"`); got != c.wantInfo {
 			t.Errorf("%v: INFO lines logged %v, want %v; stderr:\n%s", c.args, got, c.wantInfo, stderr.String())
+		}
+		// The start-up line names the interceptors in chain order.
+		want := "interceptors=[]"
+		if slices.Contains(c.args, "--interceptors") {
+			want = "interceptors=[validate-json]"
+		}
+		if c.wantInfo && !strings.Contains(stderr.String(), want) {
+			t.Errorf("%v: the start-up line does not say %s; stderr:\n%s", c.args, want, stderr.String())
 		}
 	}
 }
