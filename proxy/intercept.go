@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -330,11 +332,19 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		if topic == "" { // Produce v13+ names topics by id
 			topic, _ = c.s.ic.topicName(a.TopicID)
 		}
+		attrs := []any{"topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "error", errorName(a.ErrorCode), "err", answerCause(a.Err, a.ErrorCode)}
 		if !logged && c.s.ic.shouldLog(topic, -2) {
-			c.log.Info("produce interceptor answered a partition (logged once per minute per topic; the others at debug level)", "topic", topic, "partition", a.Partition,
-				"error_code", a.ErrorCode, "err", a.Err, "partitions_answered", len(res.Answered))
+			// A refusal of the client's records is news; a dependency
+			// that failed (the store, the KMS, the schema registry, an
+			// interceptor past its budget) is the operator's to see.
+			level := slog.LevelInfo
+			if dependencyFailed(a.ErrorCode) {
+				level = slog.LevelWarn
+			}
+			c.log.Log(context.Background(), level, "produce interceptor answered a partition (logged once per minute per topic; the others at debug level)",
+				append(attrs, "partitions_answered", len(res.Answered))...)
 		} else {
-			c.log.Debug("produce interceptor answered a partition", "topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "err", a.Err)
+			c.log.Debug("produce interceptor answered a partition", attrs...)
 		}
 		logged = true
 	}
@@ -657,4 +667,42 @@ func dropFetchRecords(resp *kmsg.FetchResponse, code int16) int {
 		}
 	}
 	return n
+}
+
+// dependencyFailed reports whether a partition answered with code was
+// refused for something other than its records: a store, KMS or schema
+// registry that failed (KAFKA_STORAGE_ERROR, as the interceptors answer
+// it), an interceptor past its budget (REQUEST_TIMED_OUT) or one that
+// failed unexpectedly (UNKNOWN_SERVER_ERROR).
+func dependencyFailed(code int16) bool {
+	switch code {
+	case kerr.KafkaStorageError.Code, kerr.RequestTimedOut.Code, kerr.UnknownServerError.Code:
+		return true
+	}
+	return false
+}
+
+// answerCause is err's text without the Kafka error of code in front
+// (logged as its name beside it: KAFKA_STORAGE_ERROR's own text speaks of
+// a disk, not of the KMS that failed).
+func answerCause(err error, code int16) string {
+	if err == nil {
+		return ""
+	}
+	s := err.Error()
+	if ke := kerr.ErrorForCode(code); ke != nil {
+		if rest, ok := strings.CutPrefix(s, ke.Error()+": "); ok {
+			return rest
+		}
+	}
+	return s
+}
+
+// errorName is the name of the Kafka error of code (KAFKA_STORAGE_ERROR).
+func errorName(code int16) string {
+	var ke *kerr.Error
+	if errors.As(kerr.ErrorForCode(code), &ke) {
+		return ke.Message
+	}
+	return fmt.Sprintf("error code %d", code)
 }
