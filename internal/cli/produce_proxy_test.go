@@ -1,0 +1,86 @@
+package cli
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/proxy"
+)
+
+// ferry produce through a proxy running large-message (docs/INTERCEPTORS.md,
+// "Client settings for large records through the proxy"): with the proxy's
+// store the CLI offloads a record over max.message.bytes itself and the
+// proxy passes the reference on, read back whole through the proxy; with
+// another store the reference is refused (INVALID_RECORD) and its payload
+// deleted; with none the record is refused before it is sent, naming
+// --store.
+func TestCLIProduceThroughProxy(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1048588"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dir := t.TempDir()
+	store, other := filepath.Join(dir, "store"), filepath.Join(dir, "other")
+	for _, d := range []string{store, other} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: []interceptor.Spec{{
+		Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	p, sum := randomFile(t, dir, "big.bin", 3<<20, 9)
+
+	r := run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", p)
+	if r.code == 0 || !strings.Contains(r.stderr, "--store URL") {
+		t.Fatalf("without a store: exit %d, want a refusal naming --store:\n%s", r.code, r.stderr)
+	}
+	r = run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "--store", other, p)
+	if r.code == 0 || !strings.Contains(r.stderr, "INVALID_RECORD") || !strings.Contains(r.stderr, "was deleted") {
+		t.Fatalf("with another store: exit %d, want INVALID_RECORD and the payload deleted:\n%s", r.code, r.stderr)
+	}
+	if n := countFiles(t, other); n != 0 {
+		t.Fatalf("%d objects left in the other store", n)
+	}
+	if r = run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "--store", store, p); r.code != 0 {
+		t.Fatalf("with the proxy's store: exit %d\n%s", r.code, r.stderr)
+	}
+	out := filepath.Join(dir, "out")
+	if r = run(t, nil, "consume", "--brokers", s.Addr(), "--topic", "t", "--out", out, "-n", "1"); r.code != 0 {
+		t.Fatalf("consume through the proxy: exit %d\n%s", r.code, r.stderr)
+	}
+	if fileSHA(t, filepath.Join(out, "big.bin")) != sum {
+		t.Fatal("the record read back through the proxy differs from the file")
+	}
+}
+
+// countFiles is the number of regular files under dir.
+func countFiles(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n++
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
