@@ -43,6 +43,9 @@ type inflight struct {
 	// they answered (merged into the broker's response) and the work they
 	// committed (undone for partitions the broker refuses).
 	produce *interceptor.ProduceOutcome
+	// refused: the interceptors answered a partition of the Produce
+	// request with an error (with acks=0 the connection then closes).
+	refused bool
 	// fetchLimits: a Fetch request's limits, which the fetch interceptors
 	// keep the rewritten response within.
 	fetchLimits interceptor.FetchLimits
@@ -696,7 +699,10 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 			}
 			if !forward {
 				// Every partition was answered by the interceptors.
-				return !expectResponse || c.enqueue(f), false
+				if !expectResponse {
+					return !c.closeRefusedAcks0(f), false
+				}
+				return c.enqueue(f), false
 			}
 			if out != nil {
 				// The rewritten request: a copy nothing keeps once it
@@ -715,6 +721,9 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 		c.forwardError(err)
 		return false, false
 	}
+	if !expectResponse && c.closeRefusedAcks0(f) {
+		return false, false
+	}
 	// A Produce request forwarded as its frame's bytes, the skim's or
 	// with no produce interceptor: nothing refers to the frame (the
 	// chain's outcome, f.produce, would). Or rewritten into a copy, by
@@ -729,6 +738,22 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 		return true, f.produce == nil
 	}
 	return true, !f.produce.HoldsRequest()
+}
+
+// closeRefusedAcks0 reports whether the connection must close after an
+// acks=0 Produce request of which the interceptors refused a partition
+// (the rest, if any, was forwarded): the producer expects no response, so
+// the close is its only signal, as from the broker (Kafka's
+// KafkaApis.handleProduceRequest closes the connection on an error with
+// acks=0, and the producer refreshes its metadata). The caller stops
+// reading; the writer answers what is still owed (the broker has then
+// read the forwarded request too), then closes.
+func (c *conn) closeRefusedAcks0(f *inflight) bool {
+	if !f.refused {
+		return false
+	}
+	c.log.Info("closing the connection: the interceptors refused a partition of an acks=0 Produce request (the broker closes it too; the producer gets no response)")
+	return true
 }
 
 // chargeShape counts the topics and partitions of a request the proxy is

@@ -325,6 +325,9 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	// partitions is not a million lines.
 	logged := false
 	for _, a := range res.Answered {
+		if a.ErrorCode != 0 {
+			f.refused = true
+		}
 		if a.Err == nil {
 			continue
 		}
