@@ -391,8 +391,14 @@ func (c *conn) readRequest() bool {
 		if !c.ensureUpstream() {
 			return false
 		}
-		if err := stream(c.upstream, c.cr, c.client, int64(4+size)); err != nil {
-			c.forwardError(err)
+		if err := stream(c.upstream, c.cr, c.client, int64(4+size), c.markActive); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				// The client's side ended mid-frame (the broker's
+				// connection, holding part of it, closes with it).
+				c.fail("client_io", "client disconnected mid-request", err)
+			} else {
+				c.forwardError(err)
+			}
 			return false
 		}
 		// A frame larger than the read buffer went mostly by splice: the
@@ -819,7 +825,17 @@ func (c *conn) forwardError(err error) {
 // produced, so a splice stays. While a client's frames are larger than the
 // read buffer, r holds none of the next one (peekRequest peeked at its head
 // in the socket) or only its head, and nearly all of it is spliced.
-func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
+//
+// progress is called before each streamChunk bytes (and before what r
+// holds): the caller marks the connection active or moves the client's
+// write deadline, so that connections.max.idle.ms bounds a stall, not a
+// slow transfer of a large frame (found by a helper: a 1 MB acks=0 frame
+// sent over 6 s, and a slow reader of a 23 MB response, were cut at a 2 s
+// idle bound).
+func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64, progress func()) error {
+	if n > 0 && r.Buffered() > 0 {
+		progress()
+	}
 	for n > 0 && r.Buffered() > 0 {
 		b, _ := r.Peek(int(min(int64(r.Buffered()), n)))
 		if _, err := dst.Write(b); err != nil {
@@ -828,19 +844,33 @@ func stream(dst io.Writer, r *bufio.Reader, src io.Reader, n int64) error {
 		_, _ = r.Discard(len(b))
 		n -= int64(len(b))
 	}
-	if n == 0 {
-		return nil
-	}
-	if rf, ok := dst.(io.ReaderFrom); ok {
-		m, err := rf.ReadFrom(io.LimitReader(src, n))
-		if err == nil && m < n {
-			err = io.ErrUnexpectedEOF
+	rf, splices := dst.(io.ReaderFrom)
+	for n > 0 {
+		progress()
+		k := min(n, streamChunk)
+		if !splices {
+			if _, err := io.CopyN(dst, src, k); err != nil {
+				return eofInFrame(err)
+			}
+		} else if m, err := rf.ReadFrom(io.LimitReader(src, k)); err != nil {
+			return err
+		} else if m < k {
+			return io.ErrUnexpectedEOF
 		}
-		return err
+		n -= k
 	}
-	_, err := io.CopyN(dst, src, n)
-	return eofInFrame(err)
+	return nil
 }
+
+// streamChunk is the most stream copies between two calls of its
+// progress: 1 MiB, the most one splice moves in Go (internal/poll's
+// maxSpliceSize), so chunks add no system call. A client moving at least
+// this much per connections.max.idle.ms is never cut mid-frame.
+const streamChunk = 1 << 20
+
+// markActive notes that bytes of the client's moved (the idle reaper's
+// clock, idleSince).
+func (c *conn) markActive() { c.active.Store(time.Now().UnixNano()) }
 
 func (c *conn) enqueue(f *inflight) bool {
 	c.inFlight.Add(1)
@@ -862,6 +892,10 @@ func (c *conn) readError(err error) {
 	case c.draining.Load() && errors.Is(err, os.ErrDeadlineExceeded):
 		// Shutdown: stop reading; the writer answers what is in flight.
 	case c.closed():
+	case errors.Is(err, net.ErrClosed):
+		// The proxy closed the client's socket itself (resetUnanswered,
+		// before the failure that called it is counted): whoever closed
+		// it says why.
 	case errors.Is(err, io.EOF):
 		// The client closed (or half-closed) its side. The writer still
 		// answers what is in flight (a half-closed client reads it, as it
@@ -1110,8 +1144,14 @@ func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
 		}
 	}
 	if !f.decode {
-		c.setWriteDeadline()
-		if err := stream(c.client, c.ur, c.upstream, int64(4+size)); err != nil {
+		if err := stream(c.client, c.ur, c.upstream, int64(4+size), c.setWriteDeadline); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) && !c.closed() {
+				// The broker's side ended mid-frame: the client holds part
+				// of a response that cannot be completed.
+				c.resetUnanswered()
+				c.fail("upstream_io", "read from the upstream broker failed", err)
+				return false
+			}
 			c.writeFailed(err, false) // a reset may be the broker's
 			return false
 		}

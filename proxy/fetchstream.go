@@ -245,13 +245,17 @@ func (w *fetchWalk) records(n int) {
 	if w.err != nil {
 		return
 	}
-	if w.progress != nil {
-		w.progress()
+	progress := w.progress
+	if progress == nil {
+		progress = func() {}
 	}
-	// (stream reads the broker and writes the client: an error of
-	// either ends the connection the same way, as for a response that
-	// streams through whole)
-	if err := stream(w.to, w.ur, w.up, int64(n)); err != nil {
+	// (stream reads the broker and writes the client: a frame the broker
+	// cut short is the broker's, any other error ends the connection as
+	// a client's, as for a response that streams through whole)
+	if err := stream(w.to, w.ur, w.up, int64(n), progress); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = upstreamReadError{err}
+		}
 		w.err = err
 		return
 	}

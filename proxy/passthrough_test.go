@@ -13,10 +13,11 @@ import (
 // it is in the reader's buffer, part of it, or none, to a writer with and
 // without io.ReaderFrom (the splice path and its fallback), leaves the next
 // frame where it was, and reports a frame that ends early as
-// io.ErrUnexpectedEOF on every path.
+// io.ErrUnexpectedEOF on every path; its progress is called before each
+// streamChunk bytes.
 func TestStreamFrame(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, n := range []int{1000, readerSize, 46 << 10, 1 << 20} {
+	for _, n := range []int{1000, readerSize, 46 << 10, 1 << 20, 5 << 19} {
 		for _, buffered := range []int{0, min(n, readerSize)} {
 			for _, readerFrom := range []bool{false, true} {
 				frame := make([]byte, n)
@@ -36,8 +37,12 @@ func TestStreamFrame(t *testing.T) {
 				if readerFrom {
 					dst = &out
 				}
-				if err := stream(dst, r, src, int64(n)); err != nil {
+				calls := 0
+				if err := stream(dst, r, src, int64(n), func() { calls++ }); err != nil {
 					t.Fatalf("%d bytes, %d buffered: %v", n, buffered, err)
+				}
+				if want := (n - buffered + streamChunk - 1) / streamChunk; calls < want {
+					t.Fatalf("%d bytes, %d buffered: progress called %d times, want at least %d", n, buffered, calls, want)
 				}
 				if !bytes.Equal(out.Bytes(), frame) {
 					t.Fatalf("%d bytes, %d buffered, ReaderFrom %v: forwarded %d bytes, not the frame", n, buffered, readerFrom, out.Len())
@@ -53,7 +58,7 @@ func TestStreamFrame(t *testing.T) {
 					t.Fatal(err)
 				}
 				out.Reset()
-				if err := stream(dst, r, src, int64(n)); !errors.Is(err, io.ErrUnexpectedEOF) {
+				if err := stream(dst, r, src, int64(n), func() {}); !errors.Is(err, io.ErrUnexpectedEOF) {
 					t.Fatalf("%d-byte frame cut short, %d buffered, ReaderFrom %v: err %v, want io.ErrUnexpectedEOF", n, buffered, readerFrom, err)
 				}
 			}
