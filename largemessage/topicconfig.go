@@ -98,6 +98,18 @@ func (t *TopicConfigs) Forget(topic string) {
 	t.mu.Unlock()
 }
 
+// ForgetOlder drops topic's cached configuration if it was read at least
+// age ago, so that a caller that suspects it (a batch refused as too large
+// by the cached limit, which the topic's owner may just have raised) asks
+// the cluster at most once per age.
+func (t *TopicConfigs) ForgetOlder(topic string, age time.Duration) {
+	t.mu.Lock()
+	if e, ok := t.m[topic]; ok && time.Since(e.at) >= age {
+		delete(t.m, topic)
+	}
+	t.mu.Unlock()
+}
+
 // Get returns topic's configuration. Errors: the cluster could not be asked
 // and nothing is cached (a stale entry is returned rather than an error).
 func (t *TopicConfigs) Get(ctx context.Context, topic string) (TopicConfig, error) {

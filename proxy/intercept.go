@@ -335,6 +335,14 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		if topic == "" { // Produce v13+ names topics by id
 			topic, _ = c.s.ic.topicName(a.TopicID)
 		}
+		if a.ErrorCode == kerr.MessageTooLarge.Code {
+			// Refused by the cached max.message.bytes: the topic's owner
+			// may just have raised it (the usual answer to
+			// MESSAGE_TOO_LARGE). Read it again, at most once a second
+			// (a raise was ignored for topic.config.refresh.ms: found
+			// by a helper).
+			c.s.ic.configs.ForgetOlder(topic, limitRecheck)
+		}
 		attrs := []any{"topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "error", errorName(a.ErrorCode), "err", answerCause(a.Err, a.ErrorCode)}
 		if !logged && c.s.ic.shouldLog(topic, -2) {
 			// A refusal of the client's records is news; a dependency
@@ -671,6 +679,10 @@ func dropFetchRecords(resp *kmsg.FetchResponse, code int16) int {
 	}
 	return n
 }
+
+// limitRecheck is how often a topic's max.message.bytes is read again
+// while the proxy refuses batches as over it.
+const limitRecheck = time.Second
 
 // dependencyFailed reports whether a partition answered with code was
 // refused for something other than its records: a store, KMS or schema
