@@ -334,7 +334,8 @@ func (c Config) openStore(ctx context.Context, readOnly bool) (payloadstore.Payl
 	}
 	s, err := payloadstore.Open(ctx, c.StoreURL, payloadstore.Options{IDGenerator: c.IDGenerator, ReadOnly: readOnly,
 		PartSizeBytes: c.PartSizeBytes, UploadConcurrency: c.UploadConcurrency,
-		DownloadPartBytes: c.DownloadPartBytes, DownloadConcurrency: c.DownloadConcurrency, DownloadBudget: c.DownloadBudget})
+		DownloadPartBytes: c.DownloadPartBytes, DownloadConcurrency: c.DownloadConcurrency, DownloadBudget: c.DownloadBudget,
+		OpenTimeout: c.Policy.Timeout})
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package payloadstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -165,7 +166,9 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 	if prefix != "" {
 		b = blob.PrefixedBucket(b, prefix+"/")
 	}
-	ok, err := b.IsAccessible(ctx)
+	actx, cancel := context.WithTimeout(ctx, cmp.Or(opts.OpenTimeout, DefaultPolicy.Timeout))
+	ok, err := b.IsAccessible(actx)
+	cancel()
 	if err != nil {
 		b.Close()
 		if conns != nil {

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"sort"
 	"sync"
+	"time"
 )
 
 // Options configure a store opened by URL.
@@ -45,6 +46,12 @@ type Options struct {
 	// with fewer ranges in flight, or as one stream (no buffer). The proxy
 	// passes proxy.memory.max.bytes, so that its memory bound holds.
 	DownloadBudget Budget
+	// OpenTimeout bounds the check an opener makes that the store answers
+	// (a cloud bucket's IsAccessible; 0: DefaultPolicy's Timeout, 60 s): a
+	// server that accepts connections and never answers fails the open
+	// with a retryable *Error rather than holding it. largemessage passes
+	// large.message.payload.store.timeout.ms.
+	OpenTimeout time.Duration
 }
 
 // Opener opens a store for a parsed URL. It should check that the store is

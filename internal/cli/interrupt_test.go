@@ -498,3 +498,24 @@ func TestProduceStoppedMessage(t *testing.T) {
 		t.Errorf("listSome = %q, want %q", got, want)
 	}
 }
+
+// SIGTERM while ferry proxy starts and its interceptor's store accepts
+// connections but never answers (a helper saw the proxy hang there past
+// SIGTERM): it exits 143 at once, not when the store's check times out.
+func TestProxyStartupSIGTERM(t *testing.T) {
+	store, accepted := silentListener(t)
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	p := startFerry(t, "proxy", "--upstream", newCluster(t), "--listen", "127.0.0.1:0", "--interceptors", "large-message",
+		"--store", "s3://bucket/p?region=us-east-1&use_path_style=true&endpoint=http://"+store)
+	select {
+	case <-accepted: // the store's check is under way
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the proxy never reached the store; stderr %q", p.stderr.String())
+	}
+	p.signal(t, syscall.SIGTERM)
+	if p.code != 143 {
+		t.Errorf("exit %d, want 143", p.code)
+	}
+	oneErrorLine(t, runResult{stderr: p.stderr.String()}, "ferry: interrupted by SIGTERM while the proxy started (opening its interceptors: a payload store, KMS or schema registry that does not answer)")
+}

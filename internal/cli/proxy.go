@@ -77,7 +77,10 @@ that need a restart are named in a warning).`,
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
 			slog.SetDefault(cfg.Logger) // the interceptors' libraries log at the same level
-			s, err := proxy.New(cfg)
+			s, err := newProxy(cmd.Context(), cfg)
+			if err != nil && cmd.Context().Err() != nil {
+				return fmt.Errorf("%w while the proxy started (opening its interceptors: a payload store, KMS or schema registry that does not answer)", context.Cause(cmd.Context()))
+			}
 			if err != nil {
 				if errors.Is(err, largemessage.ErrNoStore) {
 					err = fmt.Errorf("%w (--store URL, or -X %s=URL)", err, largemessage.KeyStoreURL)
@@ -320,4 +323,27 @@ func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[st
 		}
 	}
 	return own, ic, nil
+}
+
+// newProxy is proxy.New given up when ctx ends first: SIGTERM while an
+// interceptor's store or KMS does not answer at start-up (the store's
+// check is bounded by large.message.payload.store.timeout.ms, 60 s by
+// default, not by the signal). The abandoned start-up ends with the
+// process.
+func newProxy(ctx context.Context, cfg proxy.Config) (*proxy.Server, error) {
+	type result struct {
+		s   *proxy.Server
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := proxy.New(cfg)
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
