@@ -372,7 +372,31 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	}
 	// Rewritten records grow (encrypt: about 150 bytes per 1 KiB value):
 	// room for a quarter more than the request as it came.
-	return requestFrameSized(frame[4:4+h.Len], req, len(body)+len(body)/4+256), true, nil
+	out = requestFrameSized(frame[4:4+h.Len], req, len(body)+len(body)/4+256)
+	if n := int64(len(out) - 4); n > int64(c.s.cfg.MaxRequestBytes) {
+		// Grown past socket.request.max.bytes (the proxy takes the
+		// broker's to be at least its own): the broker would close the
+		// connection on it, an EOF with no reason (found by a helper: a
+		// 96.6 MB request sealed to 110 MB). Every partition left in it
+		// is answered MESSAGE_TOO_LARGE instead (a Java producer splits
+		// its batches and retries) and its interceptor work undone.
+		putFrame(out)
+		err := fmt.Errorf("the request is %d bytes after interceptors, over socket.request.max.bytes %d (the broker closes a connection that sends more); nothing of it was forwarded", n, c.s.cfg.MaxRequestBytes)
+		res.AbortAll(c.ctx)
+		before := len(res.Answered)
+		for _, t := range req.Topics {
+			for _, p := range t.Partitions {
+				res.Answered = append(res.Answered, interceptor.ProducePartitionResult{Topic: t.Topic, TopicID: t.TopicID,
+					Partition: p.Partition, ErrorCode: kerr.MessageTooLarge.Code, ErrorMessage: err.Error(), Err: err})
+			}
+		}
+		c.log.Info("produce request grew past socket.request.max.bytes after interceptors; answered MESSAGE_TOO_LARGE", "err", err)
+		c.s.m.errors.WithLabelValues("interceptor_produce").Add(float64(len(res.Answered) - before))
+		f.produce, f.refused = nil, true
+		f.local = responseFrame(h.Key, h.Version, h.CorrelationID, res.Response(req))
+		return nil, false, nil
+	}
+	return out, true, nil
 }
 
 // produceUntouched reports whether the chain would forward a Produce
