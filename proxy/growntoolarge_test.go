@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net"
@@ -32,11 +30,8 @@ func TestProduceGrownPastMaxRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
 	s := startProxy(t, Config{Upstream: c.ListenAddrs(), MaxRequestBytes: maxRequest, Logger: slog.New(slog.DiscardHandler),
-		Interceptors: []interceptor.Spec{{Name: "encrypt", Config: map[string]string{
-			interceptor.KeyEncryptKeyURL: "base64key://" + base64.URLEncoding.EncodeToString(key), "topic.pattern": ".*"}}}})
+		Interceptors: []interceptor.Spec{encryptSpec("")}})
 	values := make([]string, 500)
 	for i := range values {
 		values[i] = fmt.Sprintf("%03d%s", i, strings.Repeat("v", 97))

@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"log/slog"
 	"strings"
@@ -40,10 +38,7 @@ func TestRaisedLimitReadAgain(t *testing.T) {
 	if _, err := adm.CreateTopic(ctx, 1, 1, map[string]*string{"max.message.bytes": &small}, "t"); err != nil {
 		t.Fatal(err)
 	}
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	s := startProxy(t, Config{Upstream: c.ListenAddrs(), Logger: slog.New(slog.DiscardHandler), Interceptors: []interceptor.Spec{{
-		Name: "encrypt", Config: map[string]string{interceptor.KeyEncryptKeyURL: "base64key://" + base64.URLEncoding.EncodeToString(key), "topic.pattern": ".*"}}}})
+	s := startProxy(t, Config{Upstream: c.ListenAddrs(), Logger: slog.New(slog.DiscardHandler), Interceptors: []interceptor.Spec{encryptSpec("")}})
 	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()), kgo.DefaultProduceTopic("t"), kgo.ProducerBatchCompression(kgo.NoCompression()))
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
@@ -22,6 +24,14 @@ func spec(name, pattern string, kv ...string) interceptor.Spec {
 		c[kv[i]] = kv[i+1]
 	}
 	return interceptor.Spec{Name: name, Config: c}
+}
+
+// encryptSpec is the encrypt interceptor for topics matching pattern ("":
+// all), under a fresh random base64key:// key.
+func encryptSpec(pattern string) interceptor.Spec {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	return spec("encrypt", pattern, interceptor.KeyEncryptKeyURL, "base64key://"+base64.URLEncoding.EncodeToString(key))
 }
 
 // What counts as removing or narrowing protection: conservative, a
