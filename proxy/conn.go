@@ -104,6 +104,7 @@ type conn struct {
 	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
 	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
 	served    atomic.Bool  // a response other than ApiVersions or SASL has been written (abortive)
+	clientEOF atomic.Bool  // the client closed its side (readError): a reset on a write then is its
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
@@ -172,17 +173,18 @@ func (c *conn) fail(kind string, msg string, err error) {
 
 // writeFailed ends the connection after a write to the client failed. A
 // client that closed its connection while a response was owed (EPIPE, or
-// ECONNRESET when upstream can be told apart: a consumer that closes with
-// a fetch outstanding, as Kafka's clients do on close) ends it as the
-// broker sees it: logged at debug, not counted as an error. Any other
-// failure (the write deadline: a client that stopped reading) is
-// client_io. reset: the error is the client's alone, so ECONNRESET
-// counts as the client's close too.
+// ECONNRESET when it is the client's: a consumer that closes with a fetch
+// outstanding, as Kafka's clients do on close) ends it as the broker sees
+// it: logged at debug, not counted as an error. Any other failure (the
+// write deadline: a client that stopped reading) is client_io. reset: the
+// error is the client's alone (a plain write), so ECONNRESET counts as the
+// client's close; on a splice, which reads the broker too, only once the
+// client has closed its side (clientEOF).
 func (c *conn) writeFailed(err error, reset bool) {
 	if c.closed() {
 		return
 	}
-	if errors.Is(err, syscall.EPIPE) || reset && errors.Is(err, syscall.ECONNRESET) {
+	if errors.Is(err, syscall.EPIPE) || (reset || c.clientEOF.Load()) && errors.Is(err, syscall.ECONNRESET) {
 		c.log.Debug("client closed the connection before its response was written", "err", err)
 		c.close()
 		return
@@ -901,6 +903,7 @@ func (c *conn) readError(err error) {
 		// answers what is in flight (a half-closed client reads it, as it
 		// would from the broker), then closes once the queue is done.
 		c.log.Debug("client closed the connection")
+		c.clientEOF.Store(true)
 		c.served.Store(true) // the client ended it: what is owed goes out, then a plain close
 		c.abortive(false)
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrNegativeSize):
