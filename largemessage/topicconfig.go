@@ -99,13 +99,19 @@ func (t *TopicConfigs) Forget(topic string) {
 }
 
 // ForgetOlder drops topic's cached configuration if it was read at least
-// age ago, so that a caller that suspects it (a batch refused as too large
-// by the cached limit, which the topic's owner may just have raised) asks
-// the cluster at most once per age.
+// age ago, and otherwise trusts it only until age after it was read, so
+// that a caller that suspects it (a batch refused as too large by the
+// cached limit, which the topic's owner may just have raised) asks the
+// cluster at most once per age, and again for the next lookup after that.
 func (t *TopicConfigs) ForgetOlder(topic string, age time.Duration) {
 	t.mu.Lock()
-	if e, ok := t.m[topic]; ok && time.Since(e.at) >= age {
-		delete(t.m, topic)
+	if e, ok := t.m[topic]; ok {
+		if time.Since(e.at) >= age {
+			delete(t.m, topic)
+		} else if ttl := t.ttlOf(e.c); ttl > age {
+			e.at = e.at.Add(age - ttl) // expires age after it was read
+			t.m[topic] = e
+		}
 	}
 	t.mu.Unlock()
 }

@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,4 +118,33 @@ func closed(t *testing.T, conn net.Conn, when string) {
 	if !errors.Is(err, io.EOF) {
 		t.Logf("%s: %v", when, err)
 	}
+}
+
+// An acks=0 Produce request whose client closes right after sending it is
+// still intercepted and forwarded, as the broker would append it (a helper
+// lost 20 records of 1 MB: the watch on the client's socket cancelled the
+// interceptors when it closed).
+func TestAcks0ClientClosesAtOnce(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "67108864"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := startProxy(t, Config{Upstream: c.ListenAddrs(), Interceptors: []interceptor.Spec{
+		{Name: "validate-json", Config: map[string]string{"topic.pattern": "t"}}}})
+	values := make([]string, 20)
+	for i := range values {
+		values[i] = fmt.Sprintf(`{"i":%d,"v":%q}`, i, strings.Repeat("x", 1<<20))
+	}
+	frame := produceV9Frame(1, "p", 0, values...)
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	checkTopic(t, c, values)
 }

@@ -46,6 +46,8 @@ type inflight struct {
 	// refused: the interceptors answered a partition of the Produce
 	// request with an error (with acks=0 the connection then closes).
 	refused bool
+	// acks0: a Produce request with acks=0 (no response expected).
+	acks0 bool
 	// fetchLimits: a Fetch request's limits, which the fetch interceptors
 	// keep the rewritten response within.
 	fetchLimits interceptor.FetchLimits
@@ -665,7 +667,8 @@ func (c *conn) handleWhole(frame []byte, g *chainGen, streams *interceptor.Strea
 		expectResponse = acks != 0
 	}
 	c.s.m.request(h.Key)
-	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version, g), gen: g, streams: streams}
+	f := &inflight{key: h.Key, version: h.Version, corr: h.CorrelationID, start: time.Now(), decode: c.wantsResponse(h.Key, h.Version, g), gen: g, streams: streams,
+		acks0: !expectResponse}
 	switch h.Key {
 	case keySASLHandshake:
 		c.auth.handshake(h.Version, frame[4+h.Len:])
