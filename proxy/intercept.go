@@ -351,7 +351,11 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 			// by a helper).
 			c.s.ic.configs.ForgetOlder(topic, limitRecheck)
 		}
-		attrs := []any{"topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "error", errorName(a.ErrorCode), "err", answerCause(a.Err, a.ErrorCode)}
+		// Built only for a line that is written: a request of many
+		// refused partitions formats no error text for the debug level.
+		attrs := func() []any {
+			return []any{"topic", topic, "partition", a.Partition, "error_code", a.ErrorCode, "error", errorName(a.ErrorCode), "err", answerCause(a.Err, a.ErrorCode)}
+		}
 		if !logged && c.s.ic.shouldLog(topic, -2) {
 			// A refusal of the client's records is news; a dependency
 			// that failed (the store, the KMS, the schema registry, an
@@ -361,9 +365,9 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 				level = slog.LevelWarn
 			}
 			c.log.Log(context.Background(), level, "produce interceptor answered a partition (logged once per minute per topic; the others at debug level)",
-				append(attrs, "partitions_answered", len(res.Answered))...)
-		} else {
-			c.log.Debug("produce interceptor answered a partition", attrs...)
+				append(attrs(), "partitions_answered", len(res.Answered))...)
+		} else if c.log.Enabled(context.Background(), slog.LevelDebug) {
+			c.log.Debug("produce interceptor answered a partition", attrs()...)
 		}
 		logged = true
 	}
