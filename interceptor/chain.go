@@ -170,6 +170,24 @@ func (c *Chain) rejected(topic, direction string, code int16) {
 func (c *Chain) HasProduce() bool { return len(c.produce) > 0 }
 func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
 
+// QuickProduce reports whether a Produce request frame of size bytes is
+// one InterceptProduce runs on the caller's goroutine alone: every produce
+// interceptor is an inliner and the records fit serialMaxBytes. Its calls
+// then end within the chain's time budget whatever the client does, and
+// the proxy need not watch the client's socket meanwhile to stop them (a
+// goroutine, a park and two deadline changes per request).
+func (c *Chain) QuickProduce(size int) bool {
+	if size > serialMaxBytes || len(c.produce) == 0 {
+		return false
+	}
+	for _, ic := range c.produce {
+		if !inlineOf(ic) {
+			return false
+		}
+	}
+	return true
+}
+
 // proc is one interceptor as the chain calls it.
 type proc struct {
 	name string

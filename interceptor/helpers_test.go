@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"regexp"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -269,4 +270,14 @@ func derefOr(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// cpuTime is the process's user + system CPU time so far (a benchmark's
+// cpu-ns/op: work spread over goroutines shows in it, not in ns/op).
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -504,3 +504,75 @@ func (v *hangingServer) hangUp() {
 	}
 	v.held = nil
 }
+
+// A produce request whose partitions only inliners see and that holds at
+// most serialMaxBytes is intercepted partition after partition on the
+// request's goroutine; a larger one hands all but its last partition to
+// workers. A small request whose calls all run over their budget still
+// fails in about two budgets, not one per partition: once serialMaxTime
+// has passed, the partitions left run concurrently.
+func TestSmallProduceRequestSerial(t *testing.T) {
+	t.Run("placement", func(t *testing.T) {
+		for _, tc := range []struct {
+			name        string
+			value, n    int
+			allOnCaller bool
+		}{
+			{"small", 100, 8, true},
+			{"over serialMaxBytes", serialMaxBytes / 2, 3, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				var mu sync.Mutex
+				where := map[string]int{}
+				ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "ic", ".*", func(_ context.Context, r *Record) error {
+					mu.Lock()
+					where[goid()]++
+					mu.Unlock()
+					return nil
+				})}}}, Options{})
+				batches := map[string][]byte{}
+				for i := range tc.n {
+					batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, strings.Repeat("v", tc.value))
+				}
+				req := buildRequest(t, batches)
+				out := ch.InterceptProduce(context.Background(), req, nil)
+				defer out.Release()
+				if len(out.Answered) != 0 || len(req.Topics) != tc.n {
+					t.Fatalf("answered %+v, %d topics left", out.Answered, len(req.Topics))
+				}
+				if got := len(where) == 1 && where[goid()] == tc.n; got != tc.allOnCaller {
+					t.Fatalf("calls by goroutine %v (the request's: %s); all on the request's goroutine: %v, want %v", where, goid(), got, tc.allOnCaller)
+				}
+			})
+		}
+	})
+	t.Run("stuck calls", func(t *testing.T) {
+		const parts, budget = 8, 250 * time.Millisecond
+		ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "stuck", ".*", func(ctx context.Context, _ *Record) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})}}}, Options{Timeout: budget})
+		batches := map[string][]byte{}
+		for i := range parts {
+			batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, "v")
+		}
+		req := buildRequest(t, batches)
+		start := time.Now()
+		out := ch.InterceptProduce(context.Background(), req, nil)
+		took := time.Since(start)
+		defer out.Release()
+		if len(out.Answered) != parts || out.Forward {
+			t.Fatalf("answered %d partitions, forward %v", len(out.Answered), out.Forward)
+		}
+		for _, a := range out.Answered {
+			if a.ErrorCode != kerr.RequestTimedOut.Code {
+				t.Fatalf("partition answered %+v", a)
+			}
+		}
+		// One partition after the other would take parts budgets (2 s).
+		if took < budget || took > parts*budget*3/4 {
+			t.Fatalf("the request took %v with a budget of %v per call", took, budget)
+		}
+		t.Logf("%d stuck partitions failed in %v (budget %v)", parts, took, budget)
+	})
+}

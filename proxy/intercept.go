@@ -307,14 +307,16 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 		return nil, false, err
 	}
 	ctx, stop := c.ctx, func() {}
-	if !f.acks0 {
+	if !f.acks0 && !f.gen.chain.QuickProduce(len(frame)) {
 		ctx, stop = c.watchClient()
 	}
 	// An acks=0 request is whole and wants no answer: a client that closes
 	// right after sending it still wants its records, and the broker would
 	// append them (found by a helper: 20 records of 1 MB lost when the
 	// client closed at once). Only the connection's end (a failure,
-	// shutdown) stops its interceptors.
+	// shutdown) stops its interceptors. Nor is a request that the chain
+	// runs through quickly on this goroutine watched (QuickProduce): its
+	// calls end within their time budget anyway.
 	if f.streams != nil {
 		ctx = interceptor.WithStreams(ctx, f.streams)
 	}
