@@ -471,7 +471,8 @@ const headRead = 512
 // that stream through (headOnly), the head is only what one short read of
 // headRead bytes brought, when that holds the request header (and a
 // Produce request's acks); else it is read as usual. A client gone
-// mid-frame is io.ErrUnexpectedEOF.
+// mid-frame is io.ErrUnexpectedEOF (or its reset, ECONNRESET); a reset with
+// nothing of a frame read is errClientReset.
 func (c *conn) peekRequest() (size int32, head []byte, err error) {
 	if c.headOnly {
 		c.headOnly = false
@@ -484,6 +485,10 @@ func (c *conn) peekRequest() (size int32, head []byte, err error) {
 		defer func() { c.readCap = 0 }()
 	}
 	if size, err = peekSize(c.cr, c.s.cfg.MaxRequestBytes); err != nil {
+		if c.cr.Buffered() == 0 && errors.Is(err, syscall.ECONNRESET) {
+			// Nothing of a request read: the client's close, by a reset.
+			err = fmt.Errorf("%w: %w", errClientReset, err)
+		}
 		return 0, nil, err
 	}
 	want := int(min(4+int64(size), readerSize))
@@ -892,6 +897,18 @@ func (c *conn) enqueue(f *inflight) bool {
 	}
 }
 
+// errClientReset wraps ECONNRESET when the client reset its connection
+// between requests (peekRequest): nothing of a request was read.
+var errClientReset = errors.New("client reset the connection between requests")
+
+// readError ends reading after a read from the client failed. A client
+// that closes its connection between requests ends it as the broker sees
+// it (Kafka's Selector logs a peer's reset at debug and counts nothing),
+// whether it closes with a FIN (io.EOF) or a reset (errClientReset: a
+// socket with SO_LINGER 0, as librdkafka's clients and killed processes
+// close): logged at debug, not counted. A client gone with part of a
+// request read, by a FIN (io.ErrUnexpectedEOF) or a reset (ECONNRESET),
+// is client_io "client disconnected mid-request".
 func (c *conn) readError(err error) {
 	switch {
 	case c.draining.Load() && errors.Is(err, os.ErrDeadlineExceeded):
@@ -909,9 +926,17 @@ func (c *conn) readError(err error) {
 		c.clientEOF.Store(true)
 		c.served.Store(true) // the client ended it: what is owed goes out, then a plain close
 		c.abortive(false)
+	case errors.Is(err, errClientReset):
+		// As io.EOF, but the socket is gone: the writer still reads what
+		// is owed from the broker (its Produce outcomes confirmed or
+		// undone), and its write to the client fails, at debug
+		// (writeFailed: clientEOF).
+		c.log.Debug("client reset the connection", "err", err)
+		c.clientEOF.Store(true)
+		c.served.Store(true)
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrNegativeSize):
 		c.fail("frame_too_large", "request size prefix over socket.request.max.bytes", err)
-	case errors.Is(err, io.ErrUnexpectedEOF):
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
 		c.fail("client_io", "client disconnected mid-request", err)
 	case errors.Is(err, interceptor.ErrMemoryBusy):
 		c.fail("memory", "no room in proxy.memory.max.bytes for the request", err)
