@@ -93,7 +93,9 @@ type Deferred interface {
 	// broker refuses the batch for good, and also after a Commit whose
 	// call the chain counts as failed although Commit returned nil (its
 	// context ended meanwhile): Abort must be safe after any Commit, and
-	// more than once, and must not depend on ctx being live.
+	// more than once, and must not depend on ctx being live. Undo in
+	// payloadstore.Undo(ctx): ctx's values without its cancellation, ended
+	// by the proxy's Shutdown deadline (payloadstore.UndoBound).
 	Abort(ctx context.Context)
 }
 

@@ -68,7 +68,11 @@ func (l *LargeMessage) StreamValue(ctx context.Context, topic string, body io.Re
 	path := ref.FullPayloadPath
 	want := &payloadstore.Digest{Size: size, SHA256: did.ValueSHA256}
 	v := NewStreamedValue(
-		func(ctx context.Context) { _ = l.store.Delete(ctx, path) },
+		func(ctx context.Context) {
+			if err := l.store.Delete(ctx, path); err != nil {
+				payloadstore.UndoFailed(ctx)
+			}
+		},
 		func(ctx context.Context) (int, error) {
 			c, err := payloadstore.Confirm(ctx, l.store, path, want, nil)
 			if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/payloadstore"
 )
 
 // ValueStreamer is a produce interceptor that can take a record value as it
@@ -101,10 +102,11 @@ func (v *StreamedValue) Commit(context.Context, *Record) error {
 	return nil
 }
 
-// Abort implements Deferred: the object is deleted (once).
+// Abort implements Deferred: the object is deleted (once), in
+// payloadstore.Undo(ctx).
 func (v *StreamedValue) Abort(ctx context.Context) {
 	if v.aborted.CompareAndSwap(false, true) && v.abort != nil {
-		v.abort(context.WithoutCancel(ctx))
+		v.abort(payloadstore.Undo(ctx))
 	}
 }
 

@@ -539,18 +539,25 @@ func (p *Plan) commitChecked(ctx context.Context, l Limits) error {
 }
 
 // Abort deletes what Commit published, except objects named by content
-// id, which other records may reference. Delete errors are ignored: the
-// objects are then unreferenced and gc's or a TTL's to remove.
+// id, which other records may reference. The deletes go on when ctx ends
+// (a client gone away), until the payloadstore.UndoBound ctx carries stops
+// (payloadstore.Undo). Delete errors are ignored (counted in the bound
+// once it stopped): the objects are then unreferenced and gc's or a TTL's
+// to remove.
 func (p *Plan) Abort(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
+	ctx = payloadstore.Undo(ctx)
 	for _, path := range p.published {
 		if !payloadstore.IsContentID(path) {
-			_ = p.s.store.Delete(ctx, path)
+			if err := p.s.store.Delete(ctx, path); err != nil {
+				payloadstore.UndoFailed(ctx)
+			}
 		}
 	}
 	p.published = nil
 	for _, rb := range p.rebinds[:p.rebound] {
-		_ = rb.Undo(ctx, p.s.store)
+		if err := rb.Undo(ctx, p.s.store); err != nil {
+			payloadstore.UndoFailed(ctx)
+		}
 	}
 	p.rebound = 0
 }

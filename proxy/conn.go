@@ -131,7 +131,10 @@ type conn struct {
 func newConn(s *Server, c net.Conn, nodeID int32) *conn {
 	cn := &conn{s: s, client: c, nodeID: nodeID, pending: make(chan *inflight, s.cfg.MaxInFlight), done: make(chan struct{}),
 		upReady: make(chan struct{}), log: s.log.With("client", c.RemoteAddr().String(), "node", nodeID)}
-	cn.ctx, cn.cancel = context.WithCancel(context.Background())
+	// The undo of the connection's abandoned work (deletes of payloads no
+	// acknowledged record references) outlives the connection, until
+	// Shutdown's deadline (Server.undo).
+	cn.ctx, cn.cancel = context.WithCancel(s.undo.With(context.Background()))
 	cn.active.Store(time.Now().UnixNano())
 	cn.auth.init(s.authRequired)
 	cn.sessions.s = s
@@ -796,10 +799,12 @@ func (c *conn) chargeShape(h RequestHeader, frame []byte) (release func(), ok bo
 }
 
 // abandon undoes a request's interceptor work that will not reach the
-// broker (the connection closed before it was forwarded).
+// broker (the connection closed before it was forwarded). The undo goes on
+// after ctx, the connection's, ends, until Shutdown's deadline stops
+// Server.undo (payloadstore.Undo).
 func (f *inflight) abandon(ctx context.Context) {
 	if f.produce != nil {
-		f.produce.AbortAll(context.WithoutCancel(ctx))
+		f.produce.AbortAll(ctx)
 	}
 	f.drop()
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/payloadstore"
 )
 
 // Server is a running proxy. Create it with New, start it with Start, stop
@@ -100,6 +101,12 @@ type Server struct {
 	advertisedPort               int32 // SNI: the port told for every broker
 
 	wg sync.WaitGroup // accept loops and connections
+
+	// undo bounds the deletes of the payloads of requests never
+	// acknowledged (abandoned, refused), which outlive their connection:
+	// carried in every connection's context, stopped when Shutdown's
+	// deadline comes, so that a hanging store cannot hold Shutdown past it.
+	undo *payloadstore.UndoBound
 }
 
 // node is one upstream broker as the proxy knows it.
@@ -119,7 +126,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{},
-		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax)}
+		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax), undo: payloadstore.NewUndoBound()}
 	s.saslUpstream.Store(cfg.UpstreamSASL.Mechanism != "")
 	// Known only when configured: otherwise the start-up probe (or the
 	// first interception, after a reload added interceptors) finds out.
@@ -583,12 +590,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		err = ctx.Err()
+		// The undo of abandoned work ends first: the connections closed
+		// now abandon what they were forwarding, and their readers and
+		// writers delete its payloads before they end.
+		s.undo.Stop()
 		s.mu.Lock()
 		for c := range s.conns {
 			c.close()
 		}
 		s.mu.Unlock()
 		<-done
+		if n := s.undo.Left(); n > 0 {
+			s.log.Warn("payloads of requests never acknowledged were left in the store: their deletes were cut short at shutdown.timeout.ms; nothing references them, ferry gc removes them",
+				"payloads", n)
+		}
 	}
 	if admin != nil {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)
