@@ -51,7 +51,7 @@ func (b *UndoBound) Left() int64 { return b.left.Load() }
 // (With), the returned context ends when that bound stops.
 func Undo(ctx context.Context) context.Context {
 	detached := context.WithoutCancel(ctx)
-	if b, ok := ctx.Value(undoBoundKey{}).(*UndoBound); ok {
+	if b, ok := ctx.Value(undoBoundKey{}).(*UndoBound); ok && b != nil {
 		return undoContext{Context: detached, stop: b.ctx}
 	}
 	return detached
@@ -60,7 +60,7 @@ func Undo(ctx context.Context) context.Context {
 // UndoFailed notes that a delete made in Undo(ctx) failed: when ctx's
 // bound has stopped, the object is counted as left (UndoBound.Left).
 func UndoFailed(ctx context.Context) {
-	if b, ok := ctx.Value(undoBoundKey{}).(*UndoBound); ok && b.ctx.Err() != nil {
+	if b, ok := ctx.Value(undoBoundKey{}).(*UndoBound); ok && b != nil && b.ctx.Err() != nil {
 		b.left.Add(1)
 	}
 }
