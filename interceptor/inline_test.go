@@ -576,3 +576,31 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 		t.Logf("%d stuck partitions failed in %v (budget %v)", parts, took, budget)
 	})
 }
+
+// The inline watchdog's goroutine runs only while inline runs are in
+// progress: it ends within a tick (budget/dogTicks) of the last one, and
+// starts again for the next.
+func TestInlineDogEnds(t *testing.T) {
+	ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "ic", ".*", func(context.Context, *Record) error { return nil })}}}, Options{Timeout: 80 * time.Millisecond})
+	for round := range 2 {
+		req := buildRequest(t, map[string][]byte{"a": plainBatch(t, 0, -1, "v"), "b": plainBatch(t, 0, -1, "w")})
+		out := ch.InterceptProduce(context.Background(), req, nil)
+		if len(out.Answered) != 0 || !out.Forward {
+			t.Fatalf("round %d: answered %+v", round, out.Answered)
+		}
+		out.Release()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			ch.dog.mu.Lock()
+			running, live := ch.dog.running, len(ch.dog.live)
+			ch.dog.mu.Unlock()
+			if !running && live == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the watchdog still runs (%d runs watched) 10 s after the request", round, live)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
