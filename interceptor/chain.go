@@ -174,10 +174,11 @@ func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
 
 // QuickProduce reports whether a Produce request frame of size bytes is
 // one InterceptProduce runs on the caller's goroutine alone: every produce
-// interceptor is an inliner and the records fit serialMaxBytes. Its calls
-// then end within the chain's time budget whatever the client does, and
-// the proxy need not watch the client's socket meanwhile to stop them (a
-// goroutine, a park and two deadline changes per request).
+// interceptor is an inliner and the records fit serialMaxBytes. It then
+// takes well under a millisecond, unless a call waits (a KMS), and the
+// proxy need not watch the client's socket from the start to stop it (a
+// goroutine, a park and two deadline changes per request): it watches from
+// when the request turns out slow (WithSlowRequest).
 func (c *Chain) QuickProduce(size int) bool {
 	if size > serialMaxBytes || len(c.produce) == 0 {
 		return false

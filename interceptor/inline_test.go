@@ -575,6 +575,51 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 		}
 		t.Logf("%d stuck partitions failed in %v (budget %v)", parts, took, budget)
 	})
+	// The proxy watches such a request only once it is slow
+	// (WithSlowRequest): the hook is called once, when serialMaxTime has
+	// passed, and the partitions left run under its context. A client
+	// gone by then stops them at once.
+	t.Run("slow hook", func(t *testing.T) {
+		const parts, budget = 8, 250 * time.Millisecond
+		ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "stuck", ".*", func(ctx context.Context, _ *Record) error {
+			<-ctx.Done()
+			return ctx.Err()
+		})}}}, Options{Timeout: budget})
+		batches := map[string][]byte{}
+		for i := range parts {
+			batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, "v")
+		}
+		req := buildRequest(t, batches)
+		var calls atomic.Int64
+		ctx := WithSlowRequest(context.Background(), func(ctx context.Context) context.Context {
+			calls.Add(1)
+			gone, cancel := context.WithCancel(ctx)
+			cancel() // the client went away meanwhile
+			return gone
+		})
+		start := time.Now()
+		out := ch.InterceptProduce(ctx, req, nil)
+		took := time.Since(start)
+		defer out.Release()
+		if calls.Load() != 1 {
+			t.Fatalf("the slow hook was called %d times, want once", calls.Load())
+		}
+		over, stopped := 0, 0
+		for _, a := range out.Answered {
+			switch {
+			case a.ErrorCode == kerr.RequestTimedOut.Code && strings.Contains(a.ErrorMessage, "ran over"):
+				over++
+			case a.ErrorCode == kerr.RequestTimedOut.Code && strings.Contains(a.ErrorMessage, "interceptors stopped"):
+				stopped++
+			default:
+				t.Fatalf("partition answered %+v", a)
+			}
+		}
+		if over != 1 || stopped != parts-1 || took > 2*budget {
+			t.Fatalf("%d partitions ran over their budget, %d were stopped, in %v (budget %v): want 1 and %d, within about one budget",
+				over, stopped, took, budget, parts-1)
+		}
+	})
 }
 
 // The inline watchdog's goroutine runs only while inline runs are in

@@ -53,6 +53,20 @@ type ProduceOutcome struct {
 	led *ledger
 }
 
+// WithSlowRequest returns ctx carrying slow, for a request the proxy does
+// not watch while it is intercepted (Chain.QuickProduce): when
+// InterceptProduce, running such a request's partitions one after the other
+// (serialMaxBytes), finds them slow (serialMaxTime has passed: a KMS that
+// does not answer, a call cut at its budget), it calls slow once, on the
+// caller's goroutine, and intercepts the partitions left under the context
+// slow returns (the proxy's watch of the client's socket: a client gone
+// away then stops them at once instead of leaving each its budget).
+func WithSlowRequest(ctx context.Context, slow func(context.Context) context.Context) context.Context {
+	return context.WithValue(ctx, slowKey{}, slow)
+}
+
+type slowKey struct{}
+
 // maxParallelPartitions bounds how many partitions of one produce request
 // are intercepted at once.
 const maxParallelPartitions = 8
@@ -152,7 +166,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	// two for a small one, not one per partition.
 	bnds := c.newBounds()
 	results := make([][]result, len(req.Topics))
-	var jobs []func() // one per partition the interceptors see
+	var jobs []func(context.Context) // one per partition the interceptors see
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxParallelPartitions)
 	serialBytes, serial := 0, true // see serialMaxBytes
@@ -174,7 +188,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 				pooled: len(shr) == 0 && inlineOnly(ps)}
 			serialBytes += len(p.Records)
 			serial = serial && inlineOnly(ps) && len(p.Records) <= inlineMaxBytes
-			jobs = append(jobs, func() {
+			jobs = append(jobs, func(ctx context.Context) {
 				led := c.ledger(bnds)
 				v, f := c.runPart(ctx, led, pp.ps, len(pp.records), func(ctx context.Context, w *watch) (any, *failure) {
 					return c.producePartition(ctx, w, led, pp)
@@ -190,9 +204,15 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	serial = serial && serialBytes <= serialMaxBytes
 	start := time.Now()
 	for k, job := range jobs {
+		if serial && k > 0 && time.Since(start) >= serialMaxTime {
+			serial = false
+			if slow, ok := ctx.Value(slowKey{}).(func(context.Context) context.Context); ok {
+				ctx = slow(ctx)
+			}
+		}
 		sem <- struct{}{}
-		if k == len(jobs)-1 || serial && time.Since(start) < serialMaxTime {
-			job()
+		if k == len(jobs)-1 || serial {
+			job(ctx)
 			<-sem
 			continue
 		}
@@ -200,7 +220,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 		partitionWorkers.do(func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			job()
+			job(ctx)
 		})
 	}
 	wg.Wait()

@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/interceptor"
+)
+
+// A small Produce request that only inline built-ins see is not watched
+// for its client from the start (interceptor.Chain.QuickProduce), but from
+// when it turns out slow (interceptor.WithSlowRequest). With a KMS that
+// accepts connections and never answers, a client that sends sixteen
+// topics' first records (sixteen data keys to wrap) and goes away holds the
+// proxy for the first partition's budget, not for every partition's: the
+// watch started when the request turned slow sees the client gone and
+// stops the rest. (A helper found this with a watch never started: 64
+// partitions ran their 5 s budgets 8 at a time, 42 s.)
+func TestQuickProduceWatchedOnceSlow(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	const parts, budget = 16, 2 * time.Second
+	topics := make([]string, parts)
+	for i := range topics {
+		topics[i] = fmt.Sprintf("k%d", i)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	keyURL := "awskms://alias/ferry-hang?region=us-east-1&endpoint=" + url.QueryEscape("http://"+ln.Addr().String())
+	s := startProxy(t, Config{Upstream: c.ListenAddrs(), InterceptorTimeout: budget, Interceptors: []interceptor.Spec{
+		spec("encrypt", "k.*", interceptor.KeyEncryptKeyURL, keyURL)}})
+	req := kmsg.NewPtrProduceRequest()
+	req.Version = 9
+	req.Acks = 1
+	req.TimeoutMillis = 30000
+	for _, name := range topics {
+		rt := kmsg.NewProduceRequestTopic()
+		rt.Topic = name
+		rp := kmsg.NewProduceRequestTopicPartition()
+		rp.Records = seedBatch(0, "needs a data key")
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+	}
+	clientID := "gone"
+	conn, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(encodeRequest(req, 1, &clientID)); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the first data key's wrap reached the KMS: the request is
+	// being intercepted.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(held)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no KMS call within 30 s of the request")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	conn.Close()
+	for connCount(s) > 0 {
+		if time.Since(start) > 60*time.Second {
+			t.Fatalf("the connection of a client gone away still open after %v", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Since(start)
+	// One budget for the partition that met the KMS first; the rest 8 at
+	// a time would be two more.
+	if took > budget+budget/2+time.Second {
+		t.Fatalf("the proxy held a request of a client gone away for %v (budget %v)", took, budget)
+	}
+	mu.Lock()
+	calls := len(held)
+	mu.Unlock()
+	t.Logf("connection ended %v after its client went away; %d KMS connections made (budget %v)", took.Round(time.Millisecond), calls, budget)
+}
