@@ -172,9 +172,10 @@ func (c *Chain) rejected(topic, direction string, code int16) {
 func (c *Chain) HasProduce() bool { return len(c.produce) > 0 }
 func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
 
-// QuickProduce reports whether a Produce request frame of size bytes is
-// one InterceptProduce runs on the caller's goroutine alone: every produce
-// interceptor is an inliner and the records fit serialMaxBytes. It then
+// QuickProduce reports whether a Produce request frame of size bytes may
+// be one InterceptProduce runs on the caller's goroutine alone: every
+// produce interceptor is an inliner and the records fit serialMaxBytes
+// (uncompressed batches; compressed ones run side by side). It then
 // takes well under a millisecond, unless a call waits (a KMS), and the
 // proxy need not watch the client's socket from the start to stop it (a
 // goroutine, a park and two deadline changes per request): it watches from

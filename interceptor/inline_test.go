@@ -516,10 +516,12 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 		for _, tc := range []struct {
 			name        string
 			value, n    int
+			codec       int16
 			allOnCaller bool
 		}{
-			{"small", 100, 8, true},
-			{"over serialMaxBytes", serialMaxBytes / 2, 3, false},
+			{"small", 100, 8, 0, true},
+			{"over serialMaxBytes", serialMaxBytes / 2, 3, 0, false},
+			{"compressed", 100, 8, 3, false},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				var mu sync.Mutex
@@ -532,16 +534,26 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 				})}}}, Options{})
 				batches := map[string][]byte{}
 				for i := range tc.n {
-					batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, strings.Repeat("v", tc.value))
+					batches[fmt.Sprintf("t%d", i)] = plainBatch(t, tc.codec, -1, strings.Repeat("v", tc.value))
 				}
 				req := buildRequest(t, batches)
-				out := ch.InterceptProduce(context.Background(), req, nil)
+				// Watched from the start when not run serially (a
+				// quick request's proxy hook, WithSlowRequest).
+				var watched atomic.Int64
+				ctx := WithSlowRequest(context.Background(), func(ctx context.Context) context.Context {
+					watched.Add(1)
+					return ctx
+				})
+				out := ch.InterceptProduce(ctx, req, nil)
 				defer out.Release()
 				if len(out.Answered) != 0 || len(req.Topics) != tc.n {
 					t.Fatalf("answered %+v, %d topics left", out.Answered, len(req.Topics))
 				}
 				if got := len(where) == 1 && where[goid()] == tc.n; got != tc.allOnCaller {
 					t.Fatalf("calls by goroutine %v (the request's: %s); all on the request's goroutine: %v, want %v", where, goid(), got, tc.allOnCaller)
+				}
+				if want := map[bool]int64{true: 0, false: 1}[tc.allOnCaller]; watched.Load() != want {
+					t.Fatalf("the slow hook was called %d times, want %d", watched.Load(), want)
 				}
 			})
 		}

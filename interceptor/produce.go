@@ -57,10 +57,11 @@ type ProduceOutcome struct {
 // not watch while it is intercepted (Chain.QuickProduce): when
 // InterceptProduce, running such a request's partitions one after the other
 // (serialMaxBytes), finds them slow (serialMaxTime has passed: a KMS that
-// does not answer, a call cut at its budget), it calls slow once, on the
-// caller's goroutine, and intercepts the partitions left under the context
-// slow returns (the proxy's watch of the client's socket: a client gone
-// away then stops them at once instead of leaving each its budget).
+// does not answer, a call cut at its budget), or does not run them so (a
+// compressed batch), it calls slow once, on the caller's goroutine, and
+// intercepts the partitions left under the context slow returns (the
+// proxy's watch of the client's socket: a client gone away then stops them
+// at once instead of leaving each its budget).
 func WithSlowRequest(ctx context.Context, slow func(context.Context) context.Context) context.Context {
 	return context.WithValue(ctx, slowKey{}, slow)
 }
@@ -71,8 +72,9 @@ type slowKey struct{}
 // are intercepted at once.
 const maxParallelPartitions = 8
 
-// A request whose partitions are all run inline (runPart) and hold at most
-// serialMaxBytes of records together is intercepted one partition after
+// A request whose partitions are all run inline (runPart), uncompressed
+// (compressed), and hold at most serialMaxBytes of records together is
+// intercepted one partition after
 // the other on the request's goroutine: sealing, opening or validating
 // them takes well under a millisecond each, less than handing each to a
 // partition worker and waking the request's goroutine when it is done
@@ -86,6 +88,14 @@ const (
 	serialMaxBytes = 1 << 20
 	serialMaxTime  = 5 * time.Millisecond
 )
+
+// compressed reports whether records, a partition's record set, starts
+// with a compressed batch: decompressing and compressing it again takes
+// several times what handing it to a partition worker costs, so such
+// partitions run side by side (serialMaxBytes).
+func compressed(records []byte) bool {
+	return len(records) > attrOffset+1 && records[magicOffset] == 2 && records[attrOffset+1]&attrCodecMask != 0
+}
 
 // InterceptProduce runs the chain's produce interceptors over req, in place.
 //
@@ -187,7 +197,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim,
 				pooled: len(shr) == 0 && inlineOnly(ps)}
 			serialBytes += len(p.Records)
-			serial = serial && inlineOnly(ps) && len(p.Records) <= inlineMaxBytes
+			serial = serial && inlineOnly(ps) && len(p.Records) <= inlineMaxBytes && !compressed(p.Records)
 			jobs = append(jobs, func(ctx context.Context) {
 				led := c.ledger(bnds)
 				v, f := c.runPart(ctx, led, pp.ps, len(pp.records), func(ctx context.Context, w *watch) (any, *failure) {
@@ -202,13 +212,19 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	// producer's request usually holds one partition per topic it writes),
 	// and so do all of a request small enough to be run serially.
 	serial = serial && serialBytes <= serialMaxBytes
+	watch := func() { // WithSlowRequest
+		if slow, ok := ctx.Value(slowKey{}).(func(context.Context) context.Context); ok {
+			ctx = slow(ctx)
+		}
+	}
+	if !serial {
+		watch()
+	}
 	start := time.Now()
 	for k, job := range jobs {
 		if serial && k > 0 && time.Since(start) >= serialMaxTime {
 			serial = false
-			if slow, ok := ctx.Value(slowKey{}).(func(context.Context) context.Context); ok {
-				ctx = slow(ctx)
-			}
+			watch()
 		}
 		sem <- struct{}{}
 		if k == len(jobs)-1 || serial {
