@@ -2,9 +2,12 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -27,6 +30,15 @@ func TestAttackEncClaimedReferenceThroughEncryptThenLargeMessage(t *testing.T) {
 	} {
 		err := firstErr(produceBatch(t, c, &kgo.Record{Topic: "big", Key: fmt.Appendf(nil, "k%d", i), Value: []byte("not a reference"), Headers: hs}))
 		t.Logf("claim %d: produce -> %v", i, err)
+		// A value claimed offloaded, then sealed, is refused
+		// (sealedReference): large-message can neither check nor resolve
+		// it, and a real one's payload would be lost.
+		if i < 2 {
+			a := cl.outcomes[len(cl.outcomes)-1].Answered
+			if !errors.Is(err, kerr.InvalidRecord) || len(a) != 1 || !strings.Contains(a[0].ErrorMessage, "sealed by encrypt") {
+				t.Fatalf("claim %d: produce -> %v, answered %+v; want INVALID_RECORD naming the sealed reference", i, err, a)
+			}
+		}
 	}
 	resp, _ := fetchRaw(t, c, "big")
 	n := len(records(t, "big", &resp.Topics[0].Partitions[0]))

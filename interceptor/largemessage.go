@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -259,6 +260,9 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 		r.Defer(v)
 		return nil
 	}
+	if err := sealedReference(r); err != nil {
+		return err
+	}
 	// Most records carry no reference and fit: decided on the record's
 	// headers and length alone, before it is copied into a kgo.Record (a
 	// copy that escapes costs an allocation per record). This is the
@@ -276,6 +280,35 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 	return l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
 		return ser.PlanOffload(ctx, kr, l.limits(r))
 	})
+}
+
+// sealedReference refuses (INVALID_RECORD) a record whose value its client
+// offloaded (header large-message: true) and that encrypt, listed before
+// large-message, then sealed (its ferry.encrypted marker names the value):
+// the reference can no longer be checked here, nor resolved on fetch
+// (large-message runs before encrypt opens it), and its payload is in the
+// store unsealed. Taken for a stale header, it was dropped and the record
+// appended as its sealed reference alone: found by a helper, a 5 MB file
+// sent with `ferry produce --store` through [encrypt, large-message] read
+// back as 100 bytes, its payload left to ferry gc.
+func sealedReference(r *Record) error {
+	offloaded, sealed := false, false
+	for _, h := range r.Headers {
+		switch h.Key {
+		case largemessage.HeaderLargeMessage:
+			offloaded = offloaded || string(h.Value) == "true"
+		case HeaderEncrypted:
+			for f := range bytes.SplitSeq(h.Value, []byte{','}) {
+				sealed = sealed || string(f) == encryptFieldValue
+			}
+		}
+	}
+	if !offloaded || !sealed {
+		return nil
+	}
+	return fmt.Errorf("%w: topic %s: the record's value was offloaded by its client (header %s) and sealed by encrypt, listed before large-message: "+
+		"this proxy cannot check or resolve a sealed reference, and the payload would stay in the store unsealed; send the value itself "+
+		"(the proxy seals, then offloads it)", kerr.InvalidRecord, r.Topic, largemessage.HeaderLargeMessage)
 }
 
 // referenceHeaders are the headers that mark a record's key or value as a

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,4 +84,63 @@ func countFiles(t *testing.T, dir string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// ferry produce --store through a proxy running [encrypt, large-message]:
+// the CLI's own offload would have its reference sealed by encrypt, which
+// large-message can then neither check nor resolve, and the payload would
+// sit in the store unsealed. The record is refused (INVALID_RECORD, naming
+// why), the CLI deletes its payload, and nothing is appended. (Found by a
+// new-user helper: the header was dropped as stale and the 5 MB file read
+// back as its 100-byte sealed reference, exit 0.)
+func TestCLIProduceThroughEncryptingProxy(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1048588"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(i * 7)
+	}
+	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: []interceptor.Spec{
+		{Name: "encrypt", Config: map[string]string{interceptor.KeyEncryptKeyURL: "base64key://" + base64.URLEncoding.EncodeToString(key), "topic.pattern": ".*"}},
+		{Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	p, _ := randomFile(t, dir, "big.bin", 3<<20, 11)
+	r := run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "--store", store, p)
+	// The reason (the partition's error message) is in the proxy's log:
+	// franz-go hands the producer the code alone.
+	if r.code == 0 || !strings.Contains(r.stderr, "INVALID_RECORD") || !strings.Contains(r.stderr, "was deleted") {
+		t.Fatalf("exit %d, want INVALID_RECORD and the payload deleted:\n%s", r.code, r.stderr)
+	}
+	if n := countFiles(t, store); n != 0 {
+		t.Fatalf("%d objects left in the store", n)
+	}
+	small := filepath.Join(dir, "small.txt")
+	if err := os.WriteFile(small, []byte("fits inline"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r = run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "--store", store, small); r.code != 0 {
+		t.Fatalf("a small record through the same proxy: exit %d\n%s", r.code, r.stderr)
+	}
+	out := filepath.Join(dir, "out")
+	if r = run(t, nil, "consume", "--brokers", s.Addr(), "--topic", "t", "--out", out, "-n", "1"); r.code != 0 {
+		t.Fatalf("consume through the proxy: exit %d\n%s", r.code, r.stderr)
+	}
+	if got, err := os.ReadFile(filepath.Join(out, "small.txt")); err != nil || string(got) != "fits inline" {
+		t.Fatalf("read back %q, %v: the refused record must not have been appended before it", got, err)
+	}
 }
