@@ -38,7 +38,17 @@ const (
 	keyFetchMaxBytes          = "fetch.max.bytes"
 	keyMaxPartitionFetchBytes = "max.partition.fetch.bytes"
 	keyReceiveMaxBytes        = "receive.message.max.bytes"
+	// keyDeliveryTimeout is the Java producer's bound on a record's time
+	// from send to acknowledgement, retries included (franz-go's
+	// RecordDeliveryTimeout, unbounded by default: a retriable error, such
+	// as a proxy's KAFKA_STORAGE_ERROR while its KMS is unreachable, was
+	// retried for ever, in silence).
+	keyDeliveryTimeout = "delivery.timeout.ms"
 )
+
+// defaultDeliveryTimeout is delivery.timeout.ms when unset: the Java
+// producer's default.
+const defaultDeliveryTimeout = 120 * time.Second
 
 // pingTimeout bounds the start-up check that Kafka answers.
 const pingTimeout = 10 * time.Second
@@ -185,12 +195,31 @@ func (s *settings) clientOpts() ([]kgo.Opt, error) {
 			opts = append(opts, o.opt(int32(n)))
 		}
 	}
+	delivery, err := s.deliveryTimeout()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, kgo.RecordDeliveryTimeout(delivery))
 	if s.cfg.Codec.Type == "none" || s.cfg.Codec.Type == "" {
 		opts = append(opts, kgo.ProducerBatchCompression(kgo.NoCompression()))
 	} else {
 		opts = append(opts, kgo.ProducerBatchCompression(s.cfg.Codec.KgoCodec()))
 	}
 	return opts, nil
+}
+
+// deliveryTimeout is delivery.timeout.ms (defaultDeliveryTimeout when
+// unset); a value that is not a positive number of ms is a usage error.
+func (s *settings) deliveryTimeout() (time.Duration, error) {
+	v, ok := s.props[keyDeliveryTimeout]
+	if !ok {
+		return defaultDeliveryTimeout, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+	if err != nil || n <= 0 {
+		return 0, usageErrorf("%s: %q is not a positive number of milliseconds", keyDeliveryTimeout, v)
+	}
+	return time.Duration(n) * time.Millisecond, nil
 }
 
 // connect makes a client and checks that Kafka answers within pingTimeout.

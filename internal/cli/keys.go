@@ -24,7 +24,7 @@ import (
 // (consumerKeys: the consumer group's, read by consume alone).
 func clientKeys() []string {
 	return append([]string{
-		keyBootstrap, keyClientID, keyMaxRequestSize, keyFetchMaxBytes, keyMaxPartitionFetchBytes, keyReceiveMaxBytes,
+		keyBootstrap, keyClientID, keyMaxRequestSize, keyFetchMaxBytes, keyMaxPartitionFetchBytes, keyReceiveMaxBytes, keyDeliveryTimeout,
 		largemessage.KeyCompressionType, largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval,
 		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
 		"key.serializers", "value.serializers", "key.deserializers", "value.deserializers",

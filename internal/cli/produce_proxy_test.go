@@ -144,3 +144,42 @@ func TestCLIProduceThroughEncryptingProxy(t *testing.T) {
 		t.Fatalf("read back %q, %v: the refused record must not have been appended before it", got, err)
 	}
 }
+
+// ferry produce gives up on a record the brokers keep refusing with a
+// retriable error after delivery.timeout.ms (the Java producer's key and
+// default), naming the key, instead of retrying in silence for ever: here a proxy whose encrypt KMS cannot be reached answers
+// KAFKA_STORAGE_ERROR. (Found by a new-user helper: 11.5 minutes without
+// a word.)
+func TestCLIProduceDeliveryTimeout(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: []interceptor.Spec{
+		{Name: "encrypt", Config: map[string]string{"topic.pattern": ".*",
+			interceptor.KeyEncryptKeyURL: "awskms://alias/ferry-down?region=us-east-1&endpoint=http%3A%2F%2F127.0.0.1%3A1"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	dir := t.TempDir()
+	p := filepath.Join(dir, "v.txt")
+	if err := os.WriteFile(p, []byte("needs a data key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "-X", "delivery.timeout.ms=1500", p)
+	if r.code == 0 || !strings.Contains(r.stderr, "timed out") || !strings.Contains(r.stderr, "delivery.timeout.ms=1500") {
+		t.Fatalf("exit %d, want a delivery timeout naming delivery.timeout.ms:\n%s", r.code, r.stderr)
+	}
+	if r = run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "-X", "delivery.timeout.ms=soon", p); r.code != 2 ||
+		!strings.Contains(r.stderr, "delivery.timeout.ms") {
+		t.Fatalf("a bad delivery.timeout.ms: exit %d, want 2 naming the key:\n%s", r.code, r.stderr)
+	}
+}

@@ -39,6 +39,7 @@ type sender struct {
 	threshold int64              // large.message.threshold.bytes (0: derived)
 	progress  bool               // draw progress bars on stderr
 	stderr    io.Writer
+	delivery  time.Duration // delivery.timeout.ms, for its error's text
 }
 
 // openSender opens the payload store and the Kafka client (settings.open)
@@ -57,8 +58,9 @@ func (s *settings) openSender(ctx context.Context, progress bool, stderr io.Writ
 	if codec.Type == "" {
 		codec.Type = "none" // the client was made without compression (settings.clientOpts)
 	}
+	delivery, _ := s.deliveryTimeout() // checked by clientOpts
 	return &sender{prod: prod, store: store, hasStore: s.cfg.StoreURL != "", codec: codec, threshold: s.cfg.Threshold,
-		progress: progress, stderr: stderr}, cl, closeAll, nil
+		progress: progress, stderr: stderr, delivery: delivery}, cl, closeAll, nil
 }
 
 // Time limits of the clean-up after a failed or interrupted produce.
@@ -144,6 +146,11 @@ func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) del
 	}
 	if d.rec == nil {
 		d.rec = rec
+	}
+	if errors.Is(d.err, kgo.ErrRecordTimeout) {
+		// franz-go names the last error only when a retry produced it.
+		d.err = fmt.Errorf("%w (delivery.timeout.ms=%d: not acknowledged within it, retries included; the brokers, or a proxy's log, say why; -X %s=MS to wait longer)",
+			d.err, s.delivery.Milliseconds(), keyDeliveryTimeout)
 	}
 	return d
 }
