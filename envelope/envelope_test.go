@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -357,4 +358,34 @@ func TestRecordAADMemo(t *testing.T) {
 	if _, err := k.OpenRecord(ctx, nil, b, pairs[0]); err == nil {
 		t.Fatal("a record with an altered wrapped key opened")
 	}
+}
+
+// A base64key URL whose key is not 32 bytes of URL-safe base64 with its
+// padding is refused naming what it needs and how to make one (gocloud.dev
+// said only "illegal base64 data at input byte N"); a good one opens.
+func TestBase64KeyURLChecked(t *testing.T) {
+	key := make([]byte, 32)
+	good := "base64key://" + base64.URLEncoding.EncodeToString(key)
+	for _, tc := range []struct{ name, url, want string }{
+		{"empty", "base64key://", "right after the two slashes"},
+		{"one slash", "base64key:/" + base64.URLEncoding.EncodeToString(key), "right after the two slashes"},
+		{"short", "base64key://c2hvcnQ=", "holds 8 characters"},
+		{"unpadded", "base64key://" + base64.RawURLEncoding.EncodeToString(key), "holds 43 characters"},
+		{"standard alphabet", "base64key://" + strings.Repeat("+", 43) + "=", "URL-safe base64"},
+		{"a path", good + "/x", "holds 46 characters"},
+	} {
+		_, err := OpenKeyring(context.Background(), Config{KeyURL: tc.url})
+		if err == nil || !errors.Is(err, ErrKeyURL) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "head -c 32 /dev/urandom") {
+			t.Errorf("%s: %v, want ErrKeyURL saying %q and how to make a key", tc.name, err, tc.want)
+		}
+	}
+	k, err := OpenKeyring(context.Background(), Config{KeyURL: good, DecryptKeyURLs: []string{"base64key://bad"}})
+	if err == nil || !strings.Contains(err.Error(), "decryption key URL 1 of 1") {
+		t.Errorf("a bad decryption key URL: %v, want it named", err)
+	}
+	k, err = OpenKeyring(context.Background(), Config{KeyURL: good})
+	if err != nil {
+		t.Fatalf("a good key URL: %v", err)
+	}
+	k.Close()
 }

@@ -26,6 +26,7 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/url"
@@ -99,11 +100,19 @@ func (id KeyID) String() string { return fmt.Sprintf("%x", id[:]) }
 // is a base64key URL without a key.
 func KeyIDOf(keyURL string) (KeyID, error) {
 	u, err := url.Parse(keyURL)
+	if err == nil && u.Scheme == localsecrets.Scheme {
+		// gocloud.dev's localsecrets would say only "illegal base64 data
+		// at input byte N" (and fill an empty key with a random one).
+		const want = "32 random bytes in URL-safe base64 with its = padding, 44 characters (make one: head -c 32 /dev/urandom | base64 | tr '+/' '-_')"
+		if u.Host == "" {
+			return KeyID{}, fmt.Errorf("a base64key URL needs its key right after the two slashes of \"base64key://\" (an empty one would be random and lost at exit): %s", want)
+		}
+		if k, err := base64.URLEncoding.DecodeString(u.Host); err != nil || len(k) != 32 || u.Path != "" {
+			return KeyID{}, fmt.Errorf("key URL base64key://… holds %d characters that are not %s", len(u.Host+u.Path), want)
+		}
+	}
 	if err != nil || u.Scheme == "" || u.Opaque != "" || u.Host+u.Path == "" {
 		return KeyID{}, fmt.Errorf("key URL %s: not a URL of the form scheme://key (gocloud.dev/secrets)", redact(keyURL))
-	}
-	if u.Scheme == localsecrets.Scheme && u.Host == "" {
-		return KeyID{}, fmt.Errorf("key URL base64key:// needs a key (base64key://<32 bytes in URL-safe base64>); an empty one would be random and lost at exit")
 	}
 	sum := sha256.Sum256([]byte("ferry-kek\x00" + u.Scheme + "://" + u.Host + u.Path))
 	var id KeyID
@@ -237,7 +246,11 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 		id, err := KeyIDOf(u)
 		if err != nil {
 			k.Close()
-			return nil, fmt.Errorf("%w: %v", ErrKeyURL, err)
+			which := "the key URL"
+			if i > 0 || cfg.KeyURL == "" {
+				which = fmt.Sprintf("decryption key URL %d of %d", i+1-min(len(cfg.KeyURL), 1), len(cfg.DecryptKeyURLs))
+			}
+			return nil, fmt.Errorf("%w: %s: %v", ErrKeyURL, which, err)
 		}
 		if _, dup := k.keks[id]; dup {
 			if i == 0 || cfg.KeyURL == "" {
