@@ -328,11 +328,16 @@ func (s *Server) ChainGeneration() (gen uint64, version string) {
 }
 
 // specNames is the interceptors' names in chain order, as the logs show
-// them.
+// them, each with its topic.pattern unless it sees every topic.
 func specNames(specs []interceptor.Spec) []string {
 	names := make([]string, len(specs))
 	for i, sp := range specs {
 		names[i] = sp.Name
+		// The topics it sees: a pattern that matches none of those meant
+		// leaves them untouched, in silence (found by a new-user helper).
+		if p := sp.Config[interceptor.KeyTopicPattern]; p != "" && p != ".*" {
+			names[i] += "(" + interceptor.KeyTopicPattern + "=" + p + ")"
+		}
 	}
 	return names
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,5 +121,15 @@ func TestReloadRefusesUnprotected(t *testing.T) {
 	}
 	if g := s.acquireChain(); g.active() {
 		t.Fatal("the chain is not empty after an allowed reload")
+	}
+}
+
+// The start-up and reload lines name each interceptor with the topics it
+// sees when that is not every topic.
+func TestSpecNamesShowPattern(t *testing.T) {
+	got := specNames([]interceptor.Spec{{Name: "validate-json"}, encryptSpec("secret-.*"), spec("redact", ".*", "redact.fields", "a")})
+	want := []string{"validate-json", "encrypt(topic.pattern=secret-.*)", "redact"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("specNames = %q, want %q", got, want)
 	}
 }
