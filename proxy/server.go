@@ -400,7 +400,7 @@ func (s *Server) mapAddress(nodeID int32, host string, port int32) (string, int3
 	ln, err := s.listen(net.JoinHostPort(s.listenHost, strconv.Itoa(want)))
 	if err != nil {
 		s.m.errors.WithLabelValues("listen").Inc()
-		return "", 0, fmt.Errorf("%w: listener for broker %d: %w", ErrBrokerPort, nodeID, err)
+		return "", 0, fmt.Errorf("%w: listener for broker %d: %w (broker node id N listens on broker.port.base + N, by default the bootstrap port + 1 + N: set --broker-port-base to a free range)", ErrBrokerPort, nodeID, err)
 	}
 	_, ps, _ := net.SplitHostPort(ln.Addr().String())
 	p, _ := strconv.Atoi(ps)
