@@ -184,12 +184,17 @@ func (c *conn) fail(kind string, msg string, err error) {
 // write deadline: a client that stopped reading) is client_io. reset: the
 // error is the client's alone (a plain write), so ECONNRESET counts as the
 // client's close; on a splice, which reads the broker too, only once the
-// client has closed its side (clientEOF).
+// client has closed its side (clientEOF) or a reset closed its socket
+// (peerReset; TestClientResetMidFetchResponse).
 func (c *conn) writeFailed(err error, reset bool) {
 	if c.closed() {
 		return
 	}
-	if errors.Is(err, syscall.EPIPE) || (reset || c.clientEOF.Load()) && errors.Is(err, syscall.ECONNRESET) {
+	// A splice's ECONNRESET (reset false) may be the broker's: the
+	// client's when the reader saw the client end the connection, or when
+	// the client's socket is closed (peerReset: a killed consumer's reset
+	// reached the writer before the reader).
+	if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) && (reset || c.clientEOF.Load() || peerReset(c.client)) {
 		c.log.Debug("client closed the connection before its response was written", "err", err)
 		c.close()
 		return
