@@ -508,9 +508,9 @@ func (v *hangingServer) hangUp() {
 // A produce request whose partitions only inliners see and that holds at
 // most serialMaxBytes is intercepted partition after partition on the
 // request's goroutine; a larger one hands all but its last partition to
-// workers. A small request whose calls all run over their budget still
-// fails in about two budgets, not one per partition: once serialMaxTime
-// has passed, the partitions left run concurrently.
+// workers. A small request whose calls all run over their budget fails in
+// 1 + ⌈(n−1)/maxParallelPartitions⌉ budgets, not n: once serialMaxTime has
+// passed, the partitions left run side by side.
 func TestSmallProduceRequestSerial(t *testing.T) {
 	t.Run("placement", func(t *testing.T) {
 		for _, tc := range []struct {
@@ -559,7 +559,7 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 		}
 	})
 	t.Run("stuck calls", func(t *testing.T) {
-		const parts, budget = 8, 250 * time.Millisecond
+		const parts, budget = 17, 400 * time.Millisecond // 1 + 2 rounds of 8
 		ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "stuck", ".*", func(ctx context.Context, _ *Record) error {
 			<-ctx.Done()
 			return ctx.Err()
@@ -581,9 +581,9 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 				t.Fatalf("partition answered %+v", a)
 			}
 		}
-		// One partition after the other would take parts budgets (2 s).
-		if took < budget || took > parts*budget*3/4 {
-			t.Fatalf("the request took %v with a budget of %v per call", took, budget)
+		// One partition after the other would take parts budgets (6.8 s).
+		if took < 3*budget || took > 5*budget {
+			t.Fatalf("the request took %v with a budget of %v per call, want 3 budgets (1 + ⌈16/8⌉)", took, budget)
 		}
 		t.Logf("%d stuck partitions failed in %v (budget %v)", parts, took, budget)
 	})

@@ -82,8 +82,9 @@ const maxParallelPartitions = 8
 // batches: BenchmarkEncryptSmallBatches/produce3, cpu-ns/op). Once the
 // partitions run so far have taken serialMaxTime (a KMS call on a data
 // key's rotation, a slow call cut at its budget), the rest are run
-// concurrently as for a large request, so a request of many partitions
-// takes at most about two time budgets, not one per partition.
+// concurrently as for a large request: a request of n partitions whose
+// calls all run over takes 1 + ⌈(n−1)/maxParallelPartitions⌉ budgets, one
+// more than side by side from the start, not n.
 const (
 	serialMaxBytes = 1 << 20
 	serialMaxTime  = 5 * time.Millisecond
@@ -172,8 +173,9 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	}
 	// Partitions are processed concurrently (at most maxParallelPartitions
 	// at a time; small requests serially, serialMaxBytes), each within its
-	// own time budget: a request of many partitions takes about one budget,
-	// two for a small one, not one per partition.
+	// own time budget: a request of n partitions whose calls all run over
+	// takes ⌈n/maxParallelPartitions⌉ budgets (one more for a small one),
+	// not n.
 	bnds := c.newBounds()
 	results := make([][]result, len(req.Topics))
 	var jobs []func(context.Context) // one per partition the interceptors see
