@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // inlineIcpt is a test interceptor that says it is an inliner, as the
@@ -560,15 +561,7 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 	})
 	t.Run("stuck calls", func(t *testing.T) {
 		const parts, budget = 17, 400 * time.Millisecond // 1 + 2 rounds of 8
-		ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "stuck", ".*", func(ctx context.Context, _ *Record) error {
-			<-ctx.Done()
-			return ctx.Err()
-		})}}}, Options{Timeout: budget})
-		batches := map[string][]byte{}
-		for i := range parts {
-			batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, "v")
-		}
-		req := buildRequest(t, batches)
+		ch, req := stuckRequest(t, parts, budget)
 		start := time.Now()
 		out := ch.InterceptProduce(context.Background(), req, nil)
 		took := time.Since(start)
@@ -593,15 +586,7 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 	// gone by then stops them at once.
 	t.Run("slow hook", func(t *testing.T) {
 		const parts, budget = 8, 250 * time.Millisecond
-		ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "stuck", ".*", func(ctx context.Context, _ *Record) error {
-			<-ctx.Done()
-			return ctx.Err()
-		})}}}, Options{Timeout: budget})
-		batches := map[string][]byte{}
-		for i := range parts {
-			batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, "v")
-		}
-		req := buildRequest(t, batches)
+		ch, req := stuckRequest(t, parts, budget)
 		var calls atomic.Int64
 		ctx := WithSlowRequest(context.Background(), func(ctx context.Context) context.Context {
 			calls.Add(1)
@@ -632,6 +617,20 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 				over, stopped, took, budget, parts-1)
 		}
 	})
+}
+
+// stuckRequest is a chain with budget whose inliner waits until its call is
+// cancelled, and a request of parts one-record partitions (topics t0…).
+func stuckRequest(t *testing.T, parts int, budget time.Duration) (*Chain, *kmsg.ProduceRequest) {
+	ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "stuck", ".*", func(ctx context.Context, _ *Record) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})}}}, Options{Timeout: budget})
+	batches := map[string][]byte{}
+	for i := range parts {
+		batches[fmt.Sprintf("t%d", i)] = plainBatch(t, 0, -1, "v")
+	}
+	return ch, buildRequest(t, batches)
 }
 
 // The inline watchdog's goroutine runs only while inline runs are in

@@ -23,12 +23,6 @@ import (
 // deleted; with none the record is refused before it is sent, naming
 // --store.
 func TestCLIProduceThroughProxy(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
-		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1048588"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	dir := t.TempDir()
 	store, other := filepath.Join(dir, "store"), filepath.Join(dir, "other")
 	for _, d := range []string{store, other} {
@@ -36,15 +30,8 @@ func TestCLIProduceThroughProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: []interceptor.Spec{{
-		Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Shutdown(context.Background())
+	s := proxyOverKfake(t, interceptor.Spec{
+		Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}})
 	p, sum := randomFile(t, dir, "big.bin", 3<<20, 9)
 
 	r := run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", p)
@@ -68,6 +55,28 @@ func TestCLIProduceThroughProxy(t *testing.T) {
 	if fileSHA(t, filepath.Join(out, "big.bin")) != sum {
 		t.Fatal("the record read back through the proxy differs from the file")
 	}
+}
+
+// proxyOverKfake starts kfake (one broker, topic t, the default
+// message.max.bytes) and a proxy in front of it running specs; both stop
+// with the test.
+func proxyOverKfake(t *testing.T, specs ...interceptor.Spec) *proxy.Server {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1048588"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: specs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Shutdown(context.Background()) })
+	return s
 }
 
 // countFiles is the number of regular files under dir.
@@ -94,12 +103,6 @@ func countFiles(t *testing.T, dir string) int {
 // new-user helper: the header was dropped as stale and the 5 MB file read
 // back as its 100-byte sealed reference, exit 0.)
 func TestCLIProduceThroughEncryptingProxy(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
-		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1048588"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	dir := t.TempDir()
 	store := filepath.Join(dir, "store")
 	if err := os.Mkdir(store, 0o755); err != nil {
@@ -109,16 +112,9 @@ func TestCLIProduceThroughEncryptingProxy(t *testing.T) {
 	for i := range key {
 		key[i] = byte(i * 7)
 	}
-	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: []interceptor.Spec{
-		{Name: "encrypt", Config: map[string]string{interceptor.KeyEncryptKeyURL: "base64key://" + base64.URLEncoding.EncodeToString(key), "topic.pattern": ".*"}},
-		{Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Shutdown(context.Background())
+	s := proxyOverKfake(t,
+		interceptor.Spec{Name: "encrypt", Config: map[string]string{interceptor.KeyEncryptKeyURL: "base64key://" + base64.URLEncoding.EncodeToString(key), "topic.pattern": ".*"}},
+		interceptor.Spec{Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}})
 	p, _ := randomFile(t, dir, "big.bin", 3<<20, 11)
 	r := run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "--store", store, p)
 	// The reason (the partition's error message) is in the proxy's log:
@@ -154,21 +150,8 @@ func TestCLIProduceDeliveryTimeout(t *testing.T) {
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: []interceptor.Spec{
-		{Name: "encrypt", Config: map[string]string{"topic.pattern": ".*",
-			interceptor.KeyEncryptKeyURL: "awskms://alias/ferry-down?region=us-east-1&endpoint=http%3A%2F%2F127.0.0.1%3A1"}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer s.Shutdown(context.Background())
+	s := proxyOverKfake(t, interceptor.Spec{Name: "encrypt", Config: map[string]string{"topic.pattern": ".*",
+		interceptor.KeyEncryptKeyURL: "awskms://alias/ferry-down?region=us-east-1&endpoint=http%3A%2F%2F127.0.0.1%3A1"}})
 	dir := t.TempDir()
 	p := filepath.Join(dir, "v.txt")
 	if err := os.WriteFile(p, []byte("needs a data key"), 0o644); err != nil {
