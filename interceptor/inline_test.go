@@ -525,36 +525,48 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 			{"compressed", 100, 8, 3, false},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				var mu sync.Mutex
-				where := map[string]int{}
-				ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "ic", ".*", func(_ context.Context, r *Record) error {
-					mu.Lock()
-					where[goid()]++
-					mu.Unlock()
-					return nil
-				})}}}, Options{})
-				batches := map[string][]byte{}
-				for i := range tc.n {
-					batches[fmt.Sprintf("t%d", i)] = plainBatch(t, tc.codec, -1, strings.Repeat("v", tc.value))
-				}
-				req := buildRequest(t, batches)
-				// Watched from the start when not run serially (a
-				// quick request's proxy hook, WithSlowRequest).
-				var watched atomic.Int64
-				ctx := WithSlowRequest(context.Background(), func(ctx context.Context) context.Context {
-					watched.Add(1)
-					return ctx
-				})
-				out := ch.InterceptProduce(ctx, req, nil)
-				defer out.Release()
-				if len(out.Answered) != 0 || len(req.Topics) != tc.n {
-					t.Fatalf("answered %+v, %d topics left", out.Answered, len(req.Topics))
-				}
-				if got := len(where) == 1 && where[goid()] == tc.n; got != tc.allOnCaller {
-					t.Fatalf("calls by goroutine %v (the request's: %s); all on the request's goroutine: %v, want %v", where, goid(), got, tc.allOnCaller)
-				}
-				if want := map[bool]int64{true: 0, false: 1}[tc.allOnCaller]; watched.Load() != want {
-					t.Fatalf("the slow hook was called %d times, want %d", watched.Load(), want)
+				// A small request runs serially only while it takes less
+				// than serialMaxTime: on a loaded machine (-race beside
+				// stress-ng) a run may be descheduled past it and go side by
+				// side, as it should. Tried until one run is quick.
+				for attempt := 1; ; attempt++ {
+					var mu sync.Mutex
+					where := map[string]int{}
+					ch := NewChain([]Instance{{Produce: inlineIcpt{icpt(t, "ic", ".*", func(_ context.Context, r *Record) error {
+						mu.Lock()
+						where[goid()]++
+						mu.Unlock()
+						return nil
+					})}}}, Options{})
+					batches := map[string][]byte{}
+					for i := range tc.n {
+						batches[fmt.Sprintf("t%d", i)] = plainBatch(t, tc.codec, -1, strings.Repeat("v", tc.value))
+					}
+					req := buildRequest(t, batches)
+					// Watched from the start when not run serially (a
+					// quick request's proxy hook, WithSlowRequest).
+					var watched atomic.Int64
+					ctx := WithSlowRequest(context.Background(), func(ctx context.Context) context.Context {
+						watched.Add(1)
+						return ctx
+					})
+					start := time.Now()
+					out := ch.InterceptProduce(ctx, req, nil)
+					took := time.Since(start)
+					out.Release()
+					if len(out.Answered) != 0 || len(req.Topics) != tc.n {
+						t.Fatalf("answered %+v, %d topics left", out.Answered, len(req.Topics))
+					}
+					if tc.allOnCaller && took >= serialMaxTime && attempt < 50 {
+						continue // the precondition did not hold: again
+					}
+					if got := len(where) == 1 && where[goid()] == tc.n; got != tc.allOnCaller {
+						t.Fatalf("calls by goroutine %v (the request's: %s), in %v; all on the request's goroutine: %v, want %v", where, goid(), took, got, tc.allOnCaller)
+					}
+					if want := map[bool]int64{true: 0, false: 1}[tc.allOnCaller]; watched.Load() != want {
+						t.Fatalf("the slow hook was called %d times, want %d", watched.Load(), want)
+					}
+					break
 				}
 			})
 		}
@@ -585,7 +597,8 @@ func TestSmallProduceRequestSerial(t *testing.T) {
 	// passed, and the partitions left run under its context. A client
 	// gone by then stops them at once.
 	t.Run("slow hook", func(t *testing.T) {
-		const parts, budget = 8, 250 * time.Millisecond
+		// Without the hook: 1 + ⌈16/8⌉ = 3 budgets; with it, about one.
+		const parts, budget = 17, time.Second
 		ch, req := stuckRequest(t, parts, budget)
 		var calls atomic.Int64
 		ctx := WithSlowRequest(context.Background(), func(ctx context.Context) context.Context {
