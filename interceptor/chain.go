@@ -81,6 +81,8 @@ type Chain struct {
 	skimTopics [2]map[string]skimEntry
 	// dog times the inline runs (runInline).
 	dog inlineDog
+	// produceInline: every produce interceptor is an inliner (QuickProduce).
+	produceInline bool
 }
 
 // closeInstances closes the instances, once.
@@ -140,6 +142,7 @@ func NewChain(instances []Instance, o Options) *Chain {
 		}
 	}
 	slices.Reverse(c.fetch)
+	c.produceInline = len(c.produce) > 0 && !slices.ContainsFunc(c.produce, func(ic ProduceRequestInterceptor) bool { return !inlineOf(ic) })
 	c.m = o.Metrics
 	if c.m != nil {
 		for _, ic := range c.produce {
@@ -180,17 +183,7 @@ func (c *Chain) HasFetch() bool   { return len(c.fetch) > 0 }
 // proxy need not watch the client's socket from the start to stop it (a
 // goroutine, a park and two deadline changes per request): it watches from
 // when the request turns out slow (WithSlowRequest).
-func (c *Chain) QuickProduce(size int) bool {
-	if size > serialMaxBytes || len(c.produce) == 0 {
-		return false
-	}
-	for _, ic := range c.produce {
-		if !inlineOf(ic) {
-			return false
-		}
-	}
-	return true
-}
+func (c *Chain) QuickProduce(size int) bool { return c.produceInline && size <= serialMaxBytes }
 
 // proc is one interceptor as the chain calls it.
 type proc struct {
@@ -330,13 +323,17 @@ const inlineMaxBytes = 1 << 20
 // (run), so that a call that ignores ctx cannot hold the connection past
 // its budget.
 func (c *Chain) runPart(ctx context.Context, led *ledger, ps []proc, size int, work func(ctx context.Context, w *watch) (any, *failure)) (any, *failure) {
-	if size <= inlineMaxBytes && inlineOnly(ps) {
+	if runsInline(ps, size) {
 		return c.runInline(ctx, led, work)
 	}
 	return c.run(ctx, led, work)
 }
 
-// overrun is what the budget's timer found: the failure of the call that
+// runsInline reports whether runPart runs a partition of size record
+// bytes that ps see on the caller's goroutine.
+func runsInline(ps []proc, size int) bool { return size <= inlineMaxBytes && inlineOnly(ps) }
+
+// overrun is what run's timer or the inline watchdog found: the failure of the call that
 // ran over it (nil if none did), or how long until the current call (or
 // the next) can run over.
 func (c *Chain) overrun(w *watch) (*failure, time.Duration) {

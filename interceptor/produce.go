@@ -199,7 +199,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 			pp := &producePart{topic: name, partition: p.Partition, records: p.Records, ps: ps, shrinkers: shr, lim: lim,
 				pooled: len(shr) == 0 && inlineOnly(ps)}
 			serialBytes += len(p.Records)
-			serial = serial && inlineOnly(ps) && len(p.Records) <= inlineMaxBytes && !compressed(p.Records)
+			serial = serial && runsInline(ps, len(p.Records)) && !compressed(p.Records)
 			jobs = append(jobs, func(ctx context.Context) {
 				led := c.ledger(bnds)
 				v, f := c.runPart(ctx, led, pp.ps, len(pp.records), func(ctx context.Context, w *watch) (any, *failure) {
