@@ -107,8 +107,8 @@ func KeyIDOf(keyURL string) (KeyID, error) {
 		if u.Host == "" {
 			return KeyID{}, fmt.Errorf("a base64key URL needs its key right after the two slashes of \"base64key://\" (an empty one would be random and lost at exit): %s", want)
 		}
-		if k, err := base64.URLEncoding.DecodeString(u.Host); err != nil || len(k) != 32 || u.Path != "" {
-			return KeyID{}, fmt.Errorf("key URL base64key://… holds %d characters that are not %s", len(u.Host+u.Path), want)
+		if k, err := base64.URLEncoding.DecodeString(u.Host); err != nil || len(k) != 32 {
+			return KeyID{}, fmt.Errorf("key URL base64key://… holds %d characters that are not %s", len(u.Host), want)
 		}
 	}
 	if err != nil || u.Scheme == "" || u.Opaque != "" || u.Host+u.Path == "" {
@@ -247,8 +247,8 @@ func OpenKeyring(ctx context.Context, cfg Config) (*Keyring, error) {
 		if err != nil {
 			k.Close()
 			which := "the key URL"
-			if i > 0 || cfg.KeyURL == "" {
-				which = fmt.Sprintf("decryption key URL %d of %d", i+1-min(len(cfg.KeyURL), 1), len(cfg.DecryptKeyURLs))
+			if n := i - len(urls) + len(cfg.DecryptKeyURLs); n >= 0 { // urls ends with the decryption keys
+				which = fmt.Sprintf("decryption key URL %d of %d", n+1, len(cfg.DecryptKeyURLs))
 			}
 			return nil, fmt.Errorf("%w: %s: %v", ErrKeyURL, which, err)
 		}
