@@ -260,9 +260,6 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 		r.Defer(v)
 		return nil
 	}
-	if err := sealedReference(r); err != nil {
-		return err
-	}
 	// Most records carry no reference and fit: decided on the record's
 	// headers and length alone, before it is copied into a kgo.Record (a
 	// copy that escapes costs an allocation per record). This is the
@@ -276,6 +273,9 @@ func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 		if fits, err := codec.Fits(l.limits(r), r.Key, r.Value, r.Headers); err == nil && fits {
 			return nil
 		}
+	}
+	if err := sealedReference(r); err != nil { // off the path of records that fit
+		return err
 	}
 	return l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
 		return ser.PlanOffload(ctx, kr, l.limits(r))
