@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/faultproxy"
 )
 
 // A small Produce request that only inline built-ins see is not watched
@@ -27,31 +27,11 @@ func TestQuickProduceWatchedOnceSlow(t *testing.T) {
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	kms, err := faultproxy.NewSilent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var held []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // read nothing, answer nothing
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	})
+	t.Cleanup(kms.Close)
 	const parts, budget = 16, 2 * time.Second
 	topics := make([]string, parts)
 	for i := range topics {
@@ -62,7 +42,7 @@ func TestQuickProduceWatchedOnceSlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	keyURL := "awskms://alias/ferry-hang?region=us-east-1&endpoint=" + url.QueryEscape("http://"+ln.Addr().String())
+	keyURL := "awskms://alias/ferry-hang?region=us-east-1&endpoint=" + url.QueryEscape("http://"+kms.Addr())
 	s := startProxy(t, Config{Upstream: c.ListenAddrs(), InterceptorTimeout: budget, Interceptors: []interceptor.Spec{
 		spec("encrypt", "k.*", interceptor.KeyEncryptKeyURL, keyURL)}})
 	req := kmsg.NewPtrProduceRequest()
@@ -87,18 +67,10 @@ func TestQuickProduceWatchedOnceSlow(t *testing.T) {
 	}
 	// Wait until the first data key's wrap reached the KMS: the request is
 	// being intercepted.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		mu.Lock()
-		n := len(held)
-		mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no KMS call within 30 s of the request")
-		}
-		time.Sleep(5 * time.Millisecond)
+	select {
+	case <-kms.Accepted():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no KMS call within 30 s of the request")
 	}
 	start := time.Now()
 	conn.Close()
@@ -114,8 +86,5 @@ func TestQuickProduceWatchedOnceSlow(t *testing.T) {
 	if took > budget+budget/2+time.Second {
 		t.Fatalf("the proxy held a request of a client gone away for %v (budget %v)", took, budget)
 	}
-	mu.Lock()
-	calls := len(held)
-	mu.Unlock()
-	t.Logf("connection ended %v after its client went away; %d KMS connections made (budget %v)", took.Round(time.Millisecond), calls, budget)
+	t.Logf("connection ended %v after its client went away; %d KMS connections made (budget %v)", took.Round(time.Millisecond), kms.Count(), budget)
 }

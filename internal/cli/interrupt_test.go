@@ -6,12 +6,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -20,6 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/internal/faultproxy"
 )
 
 // Child processes: the test binary runs Execute (signal handling included)
@@ -127,37 +127,12 @@ func (c *child) signal(t *testing.T, sig os.Signal) {
 // hangs. The channel gets a value at each connection.
 func silentListener(t *testing.T) (string, <-chan struct{}) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s, err := faultproxy.NewSilent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	accepted := make(chan struct{}, 100)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			select {
-			case accepted <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String(), accepted
+	t.Cleanup(s.Close)
+	return s.Addr(), s.Accepted()
 }
 
 // cluster is an in-process Kafka with a one-partition topic "t" whose

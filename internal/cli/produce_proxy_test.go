@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
 	"github.com/ferrykit/ferry/interceptor"
 	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/proxy"
@@ -62,12 +60,7 @@ func TestCLIProduceThroughProxy(t *testing.T) {
 // with the test.
 func proxyOverKfake(t *testing.T, specs ...interceptor.Spec) *proxy.Server {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"),
-		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "1048588"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c, _ := cluster(t)
 	s, err := proxy.New(proxy.Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", Interceptors: specs})
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,8 @@
 // connections, throttling answers (HTTP 503/429), slow responses, and
 // responses cut off mid-body. Tests put it between a payload store and a real
 // S3, GCS or Azure server; it is test support, not part of Ferry's API.
+// Silent is a TCP server that accepts and never answers (a broker or KMS
+// that hangs).
 package faultproxy
 
 import (
