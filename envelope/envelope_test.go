@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -387,4 +388,51 @@ func TestBase64KeyURLChecked(t *testing.T) {
 		t.Fatalf("a good key URL: %v", err)
 	}
 	k.Close()
+}
+
+// An unwrapped data key is used for records without asking the KMS again
+// until DataKeyMaxAge has passed, then asked for once more (openKey's fast
+// path reads the key's expiry flag, not a clock).
+func TestOpenedKeyMaxAge(t *testing.T) {
+	const age = 200 * time.Millisecond
+	k := openTest(t, Config{KeyURL: testKeyURL(t), DataKeyMaxAge: age})
+	var calls atomic.Int64
+	aad := RecordAAD{Topic: "t", Field: "value"}
+	sealed, err := k.SealRecord(context.Background(), nil, []byte("x"), aad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A reader's keyring: the sealer's caches its own data keys.
+	k = openTest(t, Config{DecryptKeyURLs: []string{k.cfg.KeyURL}, DataKeyMaxAge: age})
+	for _, kk := range k.keks {
+		unwrap := kk.unwrap
+		kk.unwrap = func(ctx context.Context, b []byte) ([]byte, error) { calls.Add(1); return unwrap(ctx, b) }
+	}
+	open := func() {
+		t.Helper()
+		if plain, err := k.OpenRecord(context.Background(), nil, sealed, aad); err != nil || string(plain) != "x" {
+			t.Fatalf("open: %q, %v", plain, err)
+		}
+	}
+	start := time.Now()
+	open()
+	open()
+	if n := calls.Load(); n != 1 && time.Since(start) < age {
+		t.Fatalf("two opens within DataKeyMaxAge: %d KMS calls, want 1", n)
+	}
+	o := k.last.Load()
+	for deadline := time.Now().Add(10 * time.Second); !o.stale.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the opened key was not marked stale 10 s after DataKeyMaxAge")
+		}
+	}
+	if since := time.Since(o.made); since < age {
+		t.Fatalf("marked stale %v after it was made, before DataKeyMaxAge %v", since, age)
+	}
+	before := calls.Load()
+	open()
+	open()
+	if n := calls.Load() - before; n != 1 {
+		t.Fatalf("opens after DataKeyMaxAge: %d KMS calls, want 1", n)
+	}
 }
