@@ -264,9 +264,26 @@ func TestDataKeyReuse(t *testing.T) {
 	if a != b || b != c || c == d {
 		t.Errorf("uses: want the key reused 3 times, then replaced (%v %v %v)", a == b, b == c, c == d)
 	}
-	now := time.Now()
-	k.now = func() time.Time { return now.Add(2 * time.Hour) }
-	if e := wrapped(); e == d {
+	// Age: a keyring whose keys last 200 ms; its first key is replaced once
+	// it is marked stale (sealKey reads the mark, not a clock), not before.
+	const age = 200 * time.Millisecond
+	k = openTest(t, Config{KeyURL: testKeyURL(t), DataKeyMaxAge: age})
+	e := wrapped()
+	k.mu.Lock()
+	dk := k.sealing["t"]
+	k.mu.Unlock()
+	if f := wrapped(); f != e && time.Since(dk.made) < age {
+		t.Error("age: the data key was replaced before DataKeyMaxAge")
+	}
+	for deadline := time.Now().Add(10 * time.Second); !dk.stale.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("age: the data key was not marked stale 10 s after DataKeyMaxAge")
+		}
+	}
+	if since := time.Since(dk.made); since < age {
+		t.Fatalf("age: marked stale %v after it was made, before DataKeyMaxAge %v", since, age)
+	}
+	if g := wrapped(); g == e {
 		t.Error("age: the data key was not replaced after DataKeyMaxAge")
 	}
 }

@@ -202,7 +202,15 @@ type dataKey struct {
 	made    time.Time
 	uses    int64
 	memo    *aadMemo // shared by the copies sealKey hands out
+	// stale is set DataKeyMaxAge after made (expiry): sealKey reads it
+	// instead of a clock per record (time.Now was 5 % of `encrypt`'s
+	// produce CPU in BenchmarkEncryptSmallBatches).
+	stale  *atomic.Bool
+	expiry *time.Timer
 }
+
+// retire stops d's expiry timer: d left the sealing cache.
+func (d *dataKey) retire() { d.expiry.Stop() }
 
 type openedKey struct {
 	key  []byte
@@ -332,6 +340,9 @@ func (k *Keyring) Close() error {
 	for _, o := range k.opened {
 		o.retire()
 	}
+	for _, d := range k.sealing {
+		d.retire()
+	}
 	k.sealing, k.opened = map[string]*dataKey{}, map[string]*openedKey{}
 	k.last.Store(nil)
 	k.mu.Unlock()
@@ -351,13 +362,12 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	if k.current == nil {
 		return dataKey{}, ErrDecryptOnly
 	}
-	now := k.now()
 	k.mu.Lock()
 	if k.closed {
 		k.mu.Unlock()
 		return dataKey{}, ErrClosed
 	}
-	if d, ok := k.sealing[scope]; ok && d.uses < k.cfg.DataKeyMaxUses && now.Sub(d.made) < k.cfg.DataKeyMaxAge {
+	if d, ok := k.sealing[scope]; ok && d.uses < k.cfg.DataKeyMaxUses && !d.stale.Load() {
 		d.uses++
 		dk := *d
 		k.mu.Unlock()
@@ -381,10 +391,14 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	if err != nil {
 		return dataKey{}, err
 	}
-	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: now, uses: 1, memo: &aadMemo{}}
+	now := k.now()
+	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: now, uses: 1, memo: &aadMemo{}, stale: new(atomic.Bool)}
+	d.expiry = time.AfterFunc(k.cfg.DataKeyMaxAge, func() { d.stale.Store(true) })
 	k.mu.Lock()
-	if len(k.sealing) >= k.cfg.CacheMaxEntries {
-		evictOldest(k.sealing, func(d *dataKey) time.Time { return d.made })
+	if old, ok := k.sealing[scope]; ok {
+		old.retire()
+	} else if len(k.sealing) >= k.cfg.CacheMaxEntries {
+		evictOldest(k.sealing, func(d *dataKey) time.Time { return d.made }).retire()
 	}
 	k.sealing[scope] = d
 	// The opening side knows it already: reading back what was just
