@@ -428,6 +428,9 @@ func (c *Chain) runInline(ctx context.Context, led *ledger, work func(ctx contex
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &inlineRun{cancel: cancel}
+	if slow, ok := ctx.Value(slowRunKey{}).(*slowRequest); ok {
+		r.slow = slow
+	}
 	c.dog.watch(c, r)
 	c.enter()
 	defer c.leave()
@@ -478,6 +481,13 @@ type inlineRun struct {
 	w       watch
 	cancel  context.CancelFunc
 	overran *failure // set by the watchdog (under its mu) when it cancelled the run
+	// slow: the request's hook (WithSlowRequest) when it runs serially;
+	// the watchdog starts it for a call that has run serialMaxTime, and
+	// the run is cancelled when its context ends (the client went away).
+	// Under the watchdog's mu; nil once started, and watched is then the
+	// context it returned.
+	slow    *slowRequest
+	watched context.Context
 }
 
 // watch adds r to the runs watched, starting the watchdog's goroutine if
@@ -496,12 +506,16 @@ func (d *inlineDog) watch(c *Chain, r *inlineRun) {
 }
 
 // unwatch removes r and returns why the watchdog cancelled it (nil: it
-// did not).
+// did not): the run went over its budget, or the watch it started for a
+// slow request (inlineRun.slow) ended (the client went away).
 func (d *inlineDog) unwatch(r *inlineRun) *failure {
 	d.mu.Lock()
 	delete(d.live, r)
-	f := r.overran
+	f, watched := r.overran, r.watched
 	d.mu.Unlock()
+	if f == nil && watched != nil && watched.Err() != nil {
+		f = stopped(watched)
+	}
 	return f
 }
 
@@ -516,6 +530,14 @@ func (d *inlineDog) loop(c *Chain) {
 				r.overran = f
 				r.cancel()
 				delete(d.live, r)
+				continue
+			}
+			if s := r.w.start.Load(); r.slow != nil && s != 0 && time.Duration(callClock()-s) >= serialMaxTime {
+				// Under mu: the run's unwatch, and so the return of
+				// the request's InterceptProduce, comes after the hook.
+				r.watched = r.slow.start()
+				context.AfterFunc(r.watched, r.cancel)
+				r.slow = nil
 			}
 		}
 		if len(d.live) == 0 {

@@ -58,15 +58,47 @@ type ProduceOutcome struct {
 // InterceptProduce, running such a request's partitions one after the other
 // (serialMaxBytes), finds them slow (serialMaxTime has passed: a KMS that
 // does not answer, a call cut at its budget), or does not run them so (a
-// compressed batch), it calls slow once, on the caller's goroutine, and
-// intercepts the partitions left under the context slow returns (the
-// proxy's watch of the client's socket: a client gone away then stops them
-// at once instead of leaving each its budget).
+// compressed batch), it calls slow once, and intercepts the partitions left
+// under the context slow returns (the proxy's watch of the client's
+// socket: a client gone away then stops them at once instead of leaving
+// each its budget). slow is called on the caller's goroutine, or on the
+// chain's watchdog for a call that has run serialMaxTime (at most
+// budget/8 later): the call in progress then ends with that context too.
+// Either way it has returned before InterceptProduce does.
 func WithSlowRequest(ctx context.Context, slow func(context.Context) context.Context) context.Context {
 	return context.WithValue(ctx, slowKey{}, slow)
 }
 
 type slowKey struct{}
+
+// slowRequest is a request's WithSlowRequest hook, called at most once:
+// between partitions by the request's goroutine (InterceptProduce), or by
+// the chain's inline watchdog for a call in progress (runInline: the
+// watch's context then cancels that call too).
+type slowRequest struct {
+	parent context.Context
+	hook   func(context.Context) context.Context
+	once   sync.Once
+	ctx    context.Context
+}
+
+// slowRunKey carries the *slowRequest of a request run serially to
+// runInline.
+type slowRunKey struct{}
+
+// newSlowRequest returns ctx's hook, nil when it has none.
+func newSlowRequest(ctx context.Context) *slowRequest {
+	if hook, ok := ctx.Value(slowKey{}).(func(context.Context) context.Context); ok {
+		return &slowRequest{parent: ctx, hook: hook}
+	}
+	return nil
+}
+
+// start calls the hook once and returns the context it returned.
+func (s *slowRequest) start() context.Context {
+	s.once.Do(func() { s.ctx = s.hook(s.parent) })
+	return s.ctx
+}
 
 // maxParallelPartitions bounds how many partitions of one produce request
 // are intercepted at once.
@@ -214,13 +246,19 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	// producer's request usually holds one partition per topic it writes),
 	// and so do all of a request small enough to be run serially.
 	serial = serial && serialBytes <= serialMaxBytes
-	watch := func() { // WithSlowRequest
-		if slow, ok := ctx.Value(slowKey{}).(func(context.Context) context.Context); ok {
-			ctx = slow(ctx)
+	slow := newSlowRequest(ctx)
+	watch := func() {
+		if slow != nil {
+			ctx = slow.start()
 		}
 	}
 	if !serial {
 		watch()
+	} else if slow != nil {
+		// A call that has run serialMaxTime (the KMS of the request's
+		// first partition does not answer) starts the watch from the
+		// inline watchdog, without waiting for the call to end.
+		ctx = context.WithValue(ctx, slowRunKey{}, slow)
 	}
 	start := time.Now()
 	for k, job := range jobs {
