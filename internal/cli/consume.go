@@ -50,6 +50,12 @@ appears only once it checked out) or to standard output, values back to back
 after its bytes were written). With --out, one line per record goes to
 standard output:
   TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded key="KEY" -> FILE
+"offloaded": the record carried a reference, which ferry resolved through
+--store; "inline": the record arrived carrying its value. Through a ferry
+proxy running the large-message interceptor, every record arrives inline:
+the proxy has resolved its reference already and removed Ferry's headers,
+so that the record reads as produced, and ferry cannot tell it from a value
+kept in Kafka.
 
 The file is named after the file ferry produce sent (its base name, carried
 in the header ferry.file.name), e.g. DIR/big.iso, and replaces a file of that

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,5 +158,46 @@ func TestCLIProduceDeliveryTimeout(t *testing.T) {
 	if r = run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "-X", "delivery.timeout.ms=soon", p); r.code != 2 ||
 		!strings.Contains(r.stderr, "delivery.timeout.ms") {
 		t.Fatalf("a bad delivery.timeout.ms: exit %d, want 2 naming the key:\n%s", r.code, r.stderr)
+	}
+}
+
+// ferry consume through a proxy running large-message: the proxy resolves
+// the reference and removes Ferry's headers, so the record reaches the CLI
+// as a value and its line says "inline" although its payload came from the
+// store. Nothing on the record tells the two apart, so consume --help says
+// what "inline" means: arrived as a value, which includes a record a proxy
+// resolved. (A new user read "inline" as "never in the store".)
+func TestCLIConsumeThroughProxySaysInline(t *testing.T) {
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	if err := os.Mkdir(store, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s := proxyOverKfake(t, interceptor.Spec{
+		Name: "large-message", Config: map[string]string{largemessage.KeyStoreURL: "file://" + store, "topic.pattern": ".*"}})
+	p, sum := randomFile(t, dir, "big.bin", 3<<20, 11)
+	if r := run(t, nil, "produce", "--brokers", s.Addr(), "--topic", "t", "--store", store, p); r.code != 0 ||
+		!strings.Contains(r.stdout, "bytes offloaded") {
+		t.Fatalf("produce: exit %d, want the record offloaded\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	out := filepath.Join(dir, "out")
+	r := run(t, nil, "consume", "--brokers", s.Addr(), "--topic", "t", "--out", out, "-n", "1")
+	want := fmt.Sprintf("t/0@0 %d bytes inline key=%q -> %s\n", 3<<20, "big.bin", filepath.Join(out, "big.bin"))
+	if r.code != 0 || r.stdout != want {
+		t.Fatalf("consume through the proxy: exit %d, stdout %q, want %q\n%s", r.code, r.stdout, want, r.stderr)
+	}
+	if fileSHA(t, filepath.Join(out, "big.bin")) != sum {
+		t.Fatal("the record read back through the proxy differs from the file")
+	}
+	h := run(t, nil, "consume", "--help")
+	help := strings.Join(strings.Fields(h.stdout), " ")
+	for _, w := range []string{
+		`"inline": the record arrived carrying its value`,
+		"Through a ferry proxy running the large-message interceptor, every record arrives inline",
+		"ferry cannot tell it from a value kept in Kafka",
+	} {
+		if h.code != 0 || !strings.Contains(help, w) {
+			t.Errorf("consume --help does not say %q (what an inline line means through a proxy):\n%s", w, h.stdout)
+		}
 	}
 }
