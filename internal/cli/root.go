@@ -181,7 +181,7 @@ signal stops it (it drains its connections first).`,
 	pf.StringVar(&a.configFile, "config", "", "Kafka-style properties `FILE` (e.g. client.properties)")
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
 	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error (ferry proxy: its own, default info)")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageErrorf("%v", err) })
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(a.demoCommand(), a.produceCommand(), a.consumeCommand(), a.gcCommand(), a.proxyCommand(), a.versionCommand())
 	for _, c := range root.Commands() {
 		c.SilenceUsage, c.SilenceErrors = true, true

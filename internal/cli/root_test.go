@@ -31,6 +31,36 @@ func TestUnknownCommandSuggestion(t *testing.T) {
 	}
 }
 
+// A misspelled flag gets one error line naming the flags of that command
+// it may be a misspelling of (within two edits, or a prefix; inherited
+// flags included), and none when nothing is near; a long name given with
+// one dash, which pflag reads as shorthands, is matched as a whole. Cobra
+// itself suggests only commands.
+func TestUnknownFlagSuggestion(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--uptream", "h:1"}, `unknown flag: --uptream (did you mean --upstream?)`},
+		{[]string{"produce", "--brokrs", "h:1", "f"}, `unknown flag: --brokrs (did you mean --brokers?)`},
+		{[]string{"consume", "--form-beginning"}, `unknown flag: --form-beginning (did you mean --from-beginning?)`},
+		{[]string{"consume", "--tim", "1s"}, `unknown flag: --tim (did you mean --timeout?)`},
+		{[]string{"gc", "--confg", "c.properties"}, `unknown flag: --confg (did you mean --config?)`},
+		{[]string{"gc", "--stroe", "/tmp/s"}, `unknown flag: --stroe (did you mean --store?)`},
+		{[]string{"--log-levle", "debug", "demo"}, `unknown flag: --log-levle (did you mean --log-level?)`},
+		{[]string{"proxy", "-upstream", "h:1"}, `unknown shorthand flag: 'u' in -upstream (did you mean --upstream?)`},
+		{[]string{"consume", "-b", "h:1"}, `unknown shorthand flag: 'b' in -b (did you mean --brokers?)`},
+		{[]string{"consume", "--zzzz"}, `unknown flag: --zzzz`},
+		{[]string{"consume", "-z"}, `unknown shorthand flag: 'z' in -z`},
+		{[]string{"produce", "--out", "d", "f"}, `unknown flag: --out`}, // consume's flag, not produce's
+	} {
+		r := run(t, nil, c.args...)
+		if want := "ferry: " + c.want + "\n"; r.code != ExitUsage || r.stdout != "" || r.stderr != want {
+			t.Errorf("ferry %v: exit %d, stdout %q, stderr %q; want exit %d, stderr %q", c.args, r.code, r.stdout, r.stderr, ExitUsage, want)
+		}
+	}
+}
+
 // "ferry help TYPO" is a usage error with the suggestion, not the root's
 // usage with exit 0; "ferry help COMMAND" and a bare "ferry" print help.
 func TestHelpTopics(t *testing.T) {

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"errors"
 	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ferrykit/ferry/internal/suggest"
 )
@@ -73,4 +75,51 @@ func findSub(cmd *cobra.Command, name string) *cobra.Command {
 		}
 	}
 	return nil
+}
+
+// flagError is root's FlagErrorFunc (cobra uses the nearest ancestor's, so
+// it serves every command): a flag mistake is a usage error (exit 2), and an
+// unknown flag is followed by the command's flags it is likely a misspelling
+// of, which cobra does not offer ("unknown flag: --uptream (did you mean
+// --upstream?)").
+func flagError(cmd *cobra.Command, err error) error {
+	var ne *pflag.NotExistError
+	if errors.As(err, &ne) {
+		if near := nearFlags(cmd, ne); len(near) > 0 {
+			return usageErrorf("%v (did you mean %s?)", err, suggest.OrList(near))
+		}
+	}
+	return usageErrorf("%v", err)
+}
+
+// nearFlags are "--NAME" for cmd's flags (its own and those it inherits)
+// that the unknown one may be meant as: within two edits of it, or names
+// it begins. A long name given with one dash ("-upstream") reaches pflag as
+// shorthands and fails on its first letter: the whole group is compared
+// with the long names then, and a single unknown letter ("-b") suggests
+// the long names it begins.
+func nearFlags(cmd *cobra.Command, ne *pflag.NotExistError) []string {
+	var names []string
+	add := func(f *pflag.Flag) {
+		if !f.Hidden && !slices.Contains(names, f.Name) {
+			names = append(names, f.Name)
+		}
+	}
+	cmd.Flags().VisitAll(add)
+	cmd.InheritedFlags().VisitAll(add)
+	word, edits := ne.GetSpecifiedName(), 2
+	if group := ne.GetSpecifiedShortnames(); group != "" {
+		word = group
+		if slices.Contains(names, group) {
+			return []string{"--" + group}
+		}
+		if len(group) == 1 {
+			edits = 0 // a letter is within two edits of every short name
+		}
+	}
+	near := suggest.Within(word, names, edits, true)
+	for i, n := range near {
+		near[i] = "--" + n
+	}
+	return near
 }

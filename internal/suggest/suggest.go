@@ -52,6 +52,18 @@ func typoDistance(n int) int {
 // without case, and, when prefix is set, those word begins (for "p":
 // produce, proxy). Exact matches are not suggestions.
 func Nearest(word string, known []string, prefix bool) []string {
+	return nearest(word, known, prefix, typoDistance)
+}
+
+// Within is Nearest with one bound for every word: the known words at most
+// edits away from word and, when prefix is set, those word begins. For
+// names that are long next to a typo, as a command's flags are ("uptream":
+// upstream, "brokrs": brokers).
+func Within(word string, known []string, edits int, prefix bool) []string {
+	return nearest(word, known, prefix, func(int) int { return edits })
+}
+
+func nearest(word string, known []string, prefix bool, limit func(n int) int) []string {
 	w := strings.ToLower(word)
 	type cand struct {
 		name string
@@ -65,7 +77,7 @@ func Nearest(word string, known []string, prefix bool) []string {
 		}
 		d := EditDistance(w, lk)
 		switch {
-		case d <= typoDistance(max(len(w), len(lk))):
+		case d <= limit(max(len(w), len(lk))):
 		case prefix && w != "" && strings.HasPrefix(lk, w):
 			d = len(lk) - len(w)
 		default:
