@@ -65,6 +65,15 @@ const (
 	ixGet
 )
 
+// gcOnly marks ferry gc's own operations (lifecycle: quarantine moves,
+// checkpoint and manifest objects). Ferry observes no store that gc works
+// on (the proxy's large-message publishes, downloads, deletes, and stats,
+// copies, touches, removes and lists for its reference rules and
+// confirmations; ferry gc has no metrics), so these get their series at
+// their first count, in a program that runs lifecycle.GC on an observed
+// store, instead of zero-valued ones for every topic.
+var gcOnly = [len(storeOps)]bool{ixMove: true, ixPut: true, ixGet: true}
+
 // Directions, the direction label of the interceptor metrics.
 const (
 	DirectionProduce = "produce"
@@ -107,7 +116,8 @@ type Metrics struct {
 	wasmFailures *prometheus.CounterVec // module, direction, kind
 }
 
-// topicSeries are one topic's label children, made once.
+// topicSeries are one topic's label children, made once: with the topic,
+// except those of the gcOnly operations, made at their first count (once).
 type topicSeries struct {
 	topic                            string
 	offloadedRecords, offloadedBytes prometheus.Counter
@@ -115,6 +125,7 @@ type topicSeries struct {
 	deliveredRecords, deliveredBytes prometheus.Counter
 	ok, failed                       [len(storeOps)]prometheus.Counter
 	seconds                          [len(storeOps)]prometheus.Observer
+	gcOnce                           [len(storeOps)]sync.Once
 	rejMu                            sync.Mutex
 	rej                              map[[2]string]prometheus.Counter
 }
@@ -194,12 +205,21 @@ func (m *Metrics) newSeries(topic string) *topicSeries {
 		resolvedRecords: m.resolvedRecords.WithLabelValues(topic), resolvedBytes: m.resolvedBytes.WithLabelValues(topic),
 		deliveredRecords: m.deliveredRecords.WithLabelValues(topic), deliveredBytes: m.deliveredBytes.WithLabelValues(topic),
 		rej: map[[2]string]prometheus.Counter{}}
-	for i, op := range storeOps {
-		s.ok[i] = m.storeOps.WithLabelValues(topic, op, "ok")
-		s.failed[i] = m.storeOps.WithLabelValues(topic, op, "error")
-		s.seconds[i] = m.storeSeconds.WithLabelValues(topic, op)
+	for i := range storeOps {
+		if !gcOnly[i] {
+			m.makeOp(s, opIndex(i))
+		}
 	}
 	return s
+}
+
+// makeOp makes s's children of op, each at zero: both results and the
+// duration, so that rate() and error ratios see the operation's first
+// count.
+func (m *Metrics) makeOp(s *topicSeries, op opIndex) {
+	s.ok[op] = m.storeOps.WithLabelValues(s.topic, storeOps[op], "ok")
+	s.failed[op] = m.storeOps.WithLabelValues(s.topic, storeOps[op], "error")
+	s.seconds[op] = m.storeSeconds.WithLabelValues(s.topic, storeOps[op])
 }
 
 // series returns topic's children: its own while fewer than maxTopics
@@ -270,6 +290,9 @@ func (m *Metrics) storeOp(topic string, op opIndex, d time.Duration, err error) 
 		s = m.other
 	} else {
 		s = m.series(topic)
+	}
+	if gcOnly[op] {
+		s.gcOnce[op].Do(func() { m.makeOp(s, op) })
 	}
 	if err != nil {
 		s.failed[op].Inc()

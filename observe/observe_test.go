@@ -93,6 +93,88 @@ func TestMetricsTopicBound(t *testing.T) {
 	}
 }
 
+// TestStoreSeriesMadeAtOnce: a topic's first count makes, at zero, the
+// store series of the operations Ferry's observed stores perform (the
+// proxy's large-message), so rate() sees their first count; ferry gc's own
+// operations (move, put, get), which only a program running lifecycle.GC on
+// an observed store performs, are made at their first count instead of as
+// zero-valued series for every topic.
+func TestStoreSeriesMadeAtOnce(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(t, reg, 0)
+	m.Offloaded("orders", 1)
+	ops := func(name, topic string) map[string]int {
+		t.Helper()
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, s := range f.GetMetric() {
+				l := map[string]string{}
+				for _, p := range s.GetLabel() {
+					l[p.GetName()] = p.GetValue()
+				}
+				if l["topic"] == topic {
+					got[l["operation"]]++
+				}
+			}
+		}
+		return got
+	}
+	eager := []string{observe.OpPublish, observe.OpDownload, observe.OpDelete, observe.OpStat, observe.OpCopy, observe.OpTouch, observe.OpRemove, observe.OpList}
+	for _, topic := range []string{"orders", observe.OtherTopic} {
+		counts, hists := ops("ferry_store_operations_total", topic), ops("ferry_store_operation_duration_seconds", topic)
+		if len(counts) != len(eager) || len(hists) != len(eager) {
+			t.Errorf("topic %s: operations %v and histograms %v, want %v", topic, counts, hists, eager)
+		}
+		for _, op := range eager {
+			if counts[op] != 2 || hists[op] != 1 {
+				t.Errorf("topic %s operation %s: %d counters (want ok and error), %d histograms (want 1)", topic, op, counts[op], hists[op])
+			}
+		}
+	}
+
+	ctx := context.Background()
+	raw, err := payloadstore.Open(ctx, "mem://series-"+t.Name(), payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := observe.Store(raw, m, nil)
+	defer s.Close()
+	o, err := payloadstore.Objects(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Put(ctx, "orders/.ferry-gc/x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Move(ctx, "orders/.ferry-gc/x", "orders/.ferry-gc/y"); err != nil {
+		t.Fatal(err)
+	}
+	counts, hists := ops("ferry_store_operations_total", "orders"), ops("ferry_store_operation_duration_seconds", "orders")
+	for _, op := range []string{observe.OpPut, observe.OpMove} {
+		if counts[op] != 2 || hists[op] != 1 {
+			t.Errorf("after a %s: %d counters (want ok and error), %d histograms (want 1)", op, counts[op], hists[op])
+		}
+	}
+	if counts[observe.OpGet] != 0 || hists[observe.OpGet] != 0 {
+		t.Errorf("get, never performed: %d counters and %d histograms, want none", counts[observe.OpGet], hists[observe.OpGet])
+	}
+	for _, c := range []struct {
+		op, result string
+		want       float64
+	}{{observe.OpMove, "ok", 1}, {observe.OpMove, "error", 0}, {observe.OpPut, "ok", 1}} {
+		if got := counter(t, reg, "ferry_store_operations_total", "topic", "orders", "operation", c.op, "result", c.result); got != c.want {
+			t.Errorf("%s %s = %v, want %v", c.op, c.result, got, c.want)
+		}
+	}
+}
+
 // TestMetricsErrors: a negative bound is refused; a second set on the
 // same registry is refused (nothing registers globally).
 func TestMetricsErrors(t *testing.T) {
