@@ -34,8 +34,9 @@ var (
 	ErrNotRewindable = errors.New("a read-once payload cannot be read again")
 	// ErrInvalidConfig: the store URL or its settings are wrong (malformed
 	// URL, no bucket, credentials in the URL, a bad prefix or parameter, a
-	// part size below the minimum, a missing bucket). Another attempt will
-	// not help; fix the configuration.
+	// part size below the minimum, a missing bucket, a file store directory
+	// that does not exist and cannot be created). Another attempt will not
+	// help; fix the configuration.
 	ErrInvalidConfig = errors.New("invalid payload store configuration")
 	// ErrUnknownScheme: Open was given a URL whose scheme no store registered.
 	ErrUnknownScheme = errors.New("no payload store is registered for this URL scheme")

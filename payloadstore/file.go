@@ -47,9 +47,12 @@ func openFile(_ context.Context, u *url.URL, opts Options) (PayloadStore, error)
 	}
 	if opts.ReadOnly {
 		if st, err := os.Stat(u.Path); err != nil {
+			if missingDir(err) {
+				err = fmt.Errorf("%w: the store's directory does not exist (%w): name the directory its producers write to", ErrInvalidConfig, err)
+			}
 			return nil, &Error{Op: "open", Path: u.Path, Err: err}
 		} else if !st.IsDir() {
-			return nil, &Error{Op: "open", Path: u.Path, Err: errors.New("not a directory")}
+			return nil, &Error{Op: "open", Path: u.Path, Err: fmt.Errorf("%w: not a directory: name a directory", ErrInvalidConfig)}
 		}
 	}
 	if opts.ReadOnly {
@@ -60,16 +63,30 @@ func openFile(_ context.Context, u *url.URL, opts Options) (PayloadStore, error)
 
 // NewFileStore opens (creating it if needed) the directory dir, which must be
 // absolute, and checks that it is writable. gen nil means IDUUID.
+//
+// A directory that does not exist and cannot be created (a missing or
+// read-only parent, a file in the path, /proc/x), or a path that is not a
+// directory, is ErrInvalidConfig, as a bucket that does not exist is: the
+// URL names no store. A directory that exists but is not writable is only
+// a warning (a consumer may read a store mounted read-only): its Publish
+// fails with the file system's error, as a bucket's does when the
+// credentials may not write.
 func NewFileStore(dir string, gen IDGenerator) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, &Error{Op: "open", Path: dir, Err: errors.New("file store directory must be an absolute path (file:///abs/dir)")}
 	}
 	dir = filepath.Clean(dir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
+		if missingDir(err) {
+			err = fmt.Errorf("%w: the store's directory does not exist and cannot be created (%w): name a directory that exists or can be created", ErrInvalidConfig, err)
+		}
 		return nil, &Error{Op: "open", Path: dir, Err: err}
 	}
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return nil, &Error{Op: "open", Path: dir, Err: fmt.Errorf("not a directory: %v", err)}
+		if err == nil || missingDir(err) {
+			err = fmt.Errorf("%w: not a directory (%v): name a directory", ErrInvalidConfig, err)
+		}
+		return nil, &Error{Op: "open", Path: dir, Err: err}
 	}
 	// A consumer may read a store mounted read-only: an unwritable
 	// directory is only a warning here, and Publish fails clearly.
@@ -80,6 +97,15 @@ func NewFileStore(dir string, gen IDGenerator) (*FileStore, error) {
 		os.Remove(probe.Name())
 	}
 	return newFileStore(dir, gen), nil
+}
+
+// missingDir reports whether err, from creating or opening a store's
+// directory, means that the directory is not there and another attempt will
+// not make it so: not found, or an error no retry fixes (permission, a
+// read-only file system, a file in the path), unlike a full disk or an I/O
+// error.
+func missingDir(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || !retryableFSError(err)
 }
 
 func newFileStore(dir string, gen IDGenerator) *FileStore {

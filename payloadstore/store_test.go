@@ -683,6 +683,42 @@ func openFile(t *testing.T) payloadstore.PayloadStore {
 	return s
 }
 
+// A file store whose directory does not exist and cannot be created (a
+// file in its path), or, opened for reading, does not exist or is a file,
+// is ErrInvalidConfig (the URL names no store, as a missing bucket's does),
+// keeping the file system's error; an existing directory opens.
+func TestFileStoreDirectoryErrors(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path     string
+		readOnly bool
+		cause    error
+	}{
+		{filepath.Join(file, "sub"), false, nil},
+		{filepath.Join(dir, "missing"), true, fs.ErrNotExist},
+		{file, true, nil},
+	} {
+		_, err := payloadstore.Open(ctx, "file://"+c.path, payloadstore.Options{ReadOnly: c.readOnly})
+		var se *payloadstore.Error
+		if !errors.Is(err, payloadstore.ErrInvalidConfig) || !errors.As(err, &se) || se.Op != "open" || se.Retryable ||
+			(c.cause != nil && !errors.Is(err, c.cause)) {
+			t.Errorf("Open %s (read-only %t): %v, want an open error wrapping ErrInvalidConfig", c.path, c.readOnly, err)
+		}
+	}
+	for _, ro := range []bool{false, true} {
+		s, err := payloadstore.Open(ctx, "file://"+dir, payloadstore.Options{ReadOnly: ro})
+		if err != nil {
+			t.Fatalf("Open an existing directory (read-only %t): %v", ro, err)
+		}
+		s.Close()
+	}
+}
+
 func TestConformanceMem(t *testing.T)  { runConformance(t, openMem) }
 func TestConformanceFile(t *testing.T) { runConformance(t, openFile) }
 

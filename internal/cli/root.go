@@ -160,9 +160,11 @@ receive.message.max.bytes, the large.message.* keys, and TLS/SASL as a Java clie
 librdkafka takes them: security.protocol, sasl.mechanism, sasl.jaas.config,
 sasl.username, ssl.truststore.*, ssl.ca.location, ...; docs/SECURITY.md).
 
-Errors are one line on stderr. Exit status: 0 done, 1 failed, 2 usage or
+Errors are one line on stderr. Exit status: 0 done, 1 failed (a broker or
+store that fails or refuses, e.g. a read-only store directory), 2 usage or
 configuration error (flags, arguments, properties, a malformed store URL, a
-bucket that does not exist), 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM;
+bucket that does not exist, a store directory that does not exist and cannot
+be created), 130 stopped by SIGINT (Ctrl-C), 143 by SIGTERM;
 a second signal exits without cleaning up. ferry proxy exits 0 when a
 signal stops it (it drains its connections first).`,
 		SilenceUsage:      true,

@@ -156,6 +156,51 @@ func TestStoreURLStrictInCommands(t *testing.T) {
 	}
 }
 
+// A store directory that does not exist and cannot be created (a file in
+// its path, /proc/x), or, for a command that only reads, one that does not
+// exist, is a configuration error like a bucket that does not exist: exit 2,
+// one line saying so (it was exit 1, a runtime failure, against the exit
+// status table of README.md and ferry --help).
+func TestStoreDirectoryUnusable(t *testing.T) {
+	dir := t.TempDir()
+	f, _ := randomFile(t, dir, "f", 10, 13)
+	inFile := filepath.Join(f, "payloads") // a regular file in the path
+	missing := filepath.Join(dir, "missing")
+	b := "127.0.0.1:1" // never reached: the store is opened first
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"produce", []string{"produce", "--brokers", b, "-t", "t", "--store", inFile, f}, "does not exist and cannot be created"},
+		{"produce -X", []string{"-X", "large.message.payload.store.url=file://" + inFile, "produce", "--brokers", b, "-t", "t", f}, "does not exist and cannot be created"},
+		{"consume", []string{"consume", "--brokers", b, "-t", "t", "--store", missing}, "the store's directory does not exist"},
+		{"consume, a file", []string{"consume", "--brokers", b, "-t", "t", "--store", f}, "not a directory"},
+		{"gc", []string{"gc", "--brokers", b, "-t", "t", "--store", missing}, "the store's directory does not exist"},
+		{"proxy", []string{"proxy", "--upstream", b, "--listen", "127.0.0.1:0", "--interceptors", "large-message", "--store", inFile}, "does not exist and cannot be created"},
+	}
+	if st, err := os.Stat("/proc/self"); err == nil && st.IsDir() {
+		cases = append(cases, struct {
+			name string
+			args []string
+			want string
+		}{"produce /proc/x", []string{"produce", "--brokers", b, "-t", "t", "--store", "/proc/x", f}, "does not exist and cannot be created"})
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(t, nil, tc.args...)
+			if r.code != ExitUsage {
+				t.Errorf("exit %d, want %d", r.code, ExitUsage)
+			}
+			oneErrorLine(t, r, "invalid payload store configuration: ")
+			oneErrorLine(t, r, tc.want)
+		})
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Errorf("consume or gc created the store directory they only read: %v", err)
+	}
+}
+
 // A plain directory path is still a store: it becomes file://ABS.
 func TestStoreDirectoryPath(t *testing.T) {
 	brokers := newCluster(t)
