@@ -70,7 +70,7 @@ the schema's first message; for json-schema, the JSON itself, checked
 against the schema. Such an input is read into memory (at most 256 MiB).
 Without large-message in value.serializers (avro alone), the encoded value
 is produced inline, and one that does not fit the topic is refused before
-it is sent.`,
+it is sent; so is any input with value.serializers=bytes (never offloaded).`,
 		Args: func(_ *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return usageErrorf("produce: name at least one FILE, or - for standard input (see ferry produce --help)")
@@ -141,9 +141,13 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 	// value.serializers other than bytes (avro, protobuf, json-schema):
 	// each input is JSON, encoded through the chain.
 	encode := !s.cfg.ValueSerializers.PassesBytes()
+	// value.serializers=bytes, without large-message: the value is never
+	// offloaded (as the library's Producer and an avro chain alone do); an
+	// input that does not fit the topic inline is refused before it is sent.
+	inlineOnly := !encode && !s.cfg.ValueSerializers.LargeMessage()
 	// Fail before producing anything when a file must be offloaded and no
 	// store is set (an encoded input's size is known only once encoded).
-	if !snd.hasStore && !encode {
+	if !snd.hasStore && !encode && !inlineOnly {
 		l, cut := snd.cutoff(ctx, f.topic)
 		for _, in := range inputs {
 			if st, err := os.Stat(in); in != "-" && err == nil && st.Size() > cut {
@@ -181,6 +185,17 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 					res, err = snd.sendInline(ctx, f.topic, in, chain.String(), key, b, hs)
 				}
 			}
+		case inlineOnly:
+			var hs []kgo.RecordHeader
+			if in == "-" && !f.keySet {
+				key = nil
+			} else if in != "-" {
+				if !f.keySet {
+					key = []byte(filepath.Base(in))
+				}
+				hs = fileNameHeaders(in)
+			}
+			res, err = snd.sendInlineInput(ctx, f.topic, in, s.cfg.ValueSerializers.String(), key, a.stdin, hs)
 		case in == "-":
 			if !f.keySet {
 				key = nil

@@ -270,6 +270,32 @@ func (s *sender) sendInline(ctx context.Context, topic, name, chain string, key,
 	return s.result(out, d.rec), nil
 }
 
+// sendInlineInput produces input in (a file, or standard input for "-")
+// as it is, never offloaded (value.serializers without large-message). It
+// reads at most what could fit the topic inline (the client's uncompressed
+// batch cap): a longer input is refused without being read whole.
+func (s *sender) sendInlineInput(ctx context.Context, topic, in, chain string, key []byte, stdin io.Reader, hs []kgo.RecordHeader) (sent, error) {
+	r := stdin
+	if in != "-" {
+		f, err := os.Open(in)
+		if err != nil {
+			return sent{Name: in}, err
+		}
+		defer f.Close()
+		r = f
+	}
+	l, cut := s.cutoff(ctx, topic)
+	b, err := io.ReadAll(io.LimitReader(r, cut+1))
+	if err != nil {
+		return sent{Name: in}, fmt.Errorf("%s: %w", inputName(in), err)
+	}
+	if int64(len(b)) > cut {
+		return sent{Name: in}, fmt.Errorf("%s (more than %d bytes) does not fit topic %s inline (limit %d bytes), and value.serializers %s has no large-message stage to offload it: use value.serializers=%s,large-message%w",
+			inputName(in), cut, topic, l.Threshold, chain, chain, noText{largemessage.ErrRecordTooLarge})
+	}
+	return s.sendInline(ctx, topic, in, chain, key, b, hs)
+}
+
 // sendBytes produces value through the Producer, which decides exactly
 // whether to offload.
 func (s *sender) sendBytes(ctx context.Context, topic, name string, key, value []byte, hs []kgo.RecordHeader) (sent, error) {

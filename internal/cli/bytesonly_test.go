@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// value.serializers=bytes (a chain without large-message) never offloads
+// the value, as the library's Producer does with it and as ferry produce
+// does with value.serializers=avro: an input that fits the topic is
+// produced inline, one that does not is refused, naming the chain, before
+// anything is published, even with --store set, for a file and for
+// standard input alike.
+func TestProduceBytesChainNeverOffloads(t *testing.T) {
+	_, brokers := cluster(t)
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "store")
+	small, _ := randomFile(t, dir, "small.bin", 3000, 31)
+	big, _ := randomFile(t, dir, "big.bin", 3<<20, 32)
+
+	r := run(t, nil, "produce", "--brokers", brokers, "-t", "t", "--store", storeDir,
+		"-X", "value.serializers=bytes", small)
+	if r.code != 0 || !strings.HasSuffix(strings.TrimSpace(r.stdout), " inline") {
+		t.Errorf("small input: exit %d, stdout %q; want 0 and one inline record", r.code, r.stdout)
+	}
+	bigBytes, err := os.ReadFile(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		stdin []byte
+		args  []string
+	}{
+		{"file, with a store", nil, []string{"--store", storeDir, big}},
+		{"file, no store", nil, []string{big}},
+		{"standard input, with a store", bigBytes, []string{"--store", storeDir, "-"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"produce", "--brokers", brokers, "-t", "t", "-X", "value.serializers=bytes"}, tc.args...)
+			r := run(t, bytes.NewReader(tc.stdin), args...)
+			if r.code == 0 || r.stdout != "" {
+				t.Errorf("exit %d, stdout %q; want a failure and nothing produced", r.code, r.stdout)
+			}
+			oneErrorLine(t, r, "value.serializers bytes has no large-message stage to offload it")
+			if strings.Contains(r.stderr, "no payload store is set") {
+				t.Errorf("asks for a store although the chain never offloads: %s", r.stderr)
+			}
+			if objs := storeObjects(t, storeDir); len(objs) != 0 {
+				t.Errorf("store objects: %v; want none", objs)
+			}
+		})
+	}
+}
