@@ -55,3 +55,23 @@ func TestProduceBytesChainNeverOffloads(t *testing.T) {
 		})
 	}
 }
+
+// With compression.type set, an input over the client's max.request.size
+// is offloaded however well it compresses (the client bounds a record
+// before compression, as Java's and franz-go's do): the error for a missing
+// store names max.request.size, the limit that decided it, rather than only
+// the topic's threshold, which a compressible input would have met.
+func TestProduceCompressedOverMaxRequestSizeNamesIt(t *testing.T) {
+	_, brokers := cluster(t)
+	dir := t.TempDir()
+	p := filepath.Join(dir, "text.txt")
+	if err := os.WriteFile(p, bytes.Repeat([]byte("the quick brown fox jumps over the lazy dog\n"), 70000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, nil, "produce", "--brokers", brokers, "-t", "t", "-X", "compression.type=zstd", p)
+	if r.code != 2 || r.stdout != "" {
+		t.Errorf("exit %d, stdout %q; want 2 and nothing produced", r.code, r.stdout)
+	}
+	oneErrorLine(t, r, "max.request.size (1000012 bytes")
+	oneErrorLine(t, r, "no payload store is set")
+}

@@ -360,6 +360,13 @@ func (s *sender) sendOpen(ctx context.Context, topic, name string, key []byte, f
 }
 
 func (s *sender) needStore(name string, size int64, topic string, l largemessage.Limits) error {
+	if s.codec.Type != "none" && s.codec.Type != "" && l.ClientBatchMaxBytes > l.Threshold && size > l.ClientBatchMaxBytes {
+		// With compression the cut is the client's batch cap, which
+		// bounds a record before compression: however well the file
+		// compresses, it cannot go inline unless that is raised.
+		return fmt.Errorf("%s (%d bytes) is larger than the client's max.request.size (%d bytes, a bound on the record before %s compression; raise it to send a file that compresses under topic %s's max.message.bytes inline) and must be offloaded, but %w",
+			name, size, l.ClientBatchMaxBytes, s.codec.Type, topic, errNoStore)
+	}
 	return fmt.Errorf("%s (%d bytes) is larger than topic %s accepts inline (threshold %d bytes) and must be offloaded, but %w",
 		name, size, topic, l.Threshold, errNoStore)
 }
