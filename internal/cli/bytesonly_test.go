@@ -75,3 +75,26 @@ func TestProduceCompressedOverMaxRequestSizeNamesIt(t *testing.T) {
 	oneErrorLine(t, r, "max.request.size (1000012 bytes")
 	oneErrorLine(t, r, "no payload store is set")
 }
+
+// consume --out tells a record without a key (standard input, kcat without
+// -K) from one whose key is empty: key=null, as kafka-console-consumer
+// prints a null key, and key="" for the empty key.
+func TestConsumeOutNullKey(t *testing.T) {
+	_, brokers := cluster(t)
+	dir := t.TempDir()
+	f, _ := randomFile(t, dir, "f.bin", 100, 33)
+	if r := run(t, strings.NewReader("from stdin"), "produce", "--brokers", brokers, "-t", "t", "-"); r.code != 0 {
+		t.Fatalf("produce stdin: exit %d", r.code)
+	}
+	if r := run(t, nil, "produce", "--brokers", brokers, "-t", "t", "--key", "", f); r.code != 0 {
+		t.Fatalf("produce --key '': exit %d", r.code)
+	}
+	r := run(t, nil, "consume", "--brokers", brokers, "-t", "t", "--out", filepath.Join(dir, "out"), "-n", "2")
+	if r.code != 0 {
+		t.Fatalf("consume: exit %d", r.code)
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], " key=null -> ") || !strings.Contains(lines[1], ` key="" -> `) {
+		t.Errorf("stdout %q: want key=null for the record without a key, then key=\"\" for the empty key", r.stdout)
+	}
+}

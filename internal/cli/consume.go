@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,6 +51,7 @@ appears only once it checked out) or to standard output, values back to back
 after its bytes were written). With --out, one line per record goes to
 standard output:
   TOPIC/PARTITION@OFFSET SIZE bytes inline|offloaded key="KEY" -> FILE
+(key=null for a record without a key)
 "offloaded": the record carried a reference, which ferry resolved through
 --store; "inline": the record arrived carrying its value. Through a ferry
 proxy running the large-message interceptor, every record arrives inline:
@@ -371,11 +373,15 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 	if offloaded {
 		how = "offloaded"
 	}
-	key := r.Key
-	if len(key) > 64 {
-		key = append(key[:64:64], "..."...)
+	key := "null" // no key, as kafka-console-consumer prints it
+	if r.Key != nil {
+		k := r.Key
+		if len(k) > 64 {
+			k = append(k[:64:64], "..."...)
+		}
+		key = strconv.Quote(string(k))
 	}
-	fmt.Fprintf(c.stdout, "%s/%d@%d %d bytes %s key=%q -> %s\n", r.Topic, r.Partition, r.Offset, n, how, key, name)
+	fmt.Fprintf(c.stdout, "%s/%d@%d %d bytes %s key=%s -> %s\n", r.Topic, r.Partition, r.Offset, n, how, key, name)
 	return nil
 }
 
