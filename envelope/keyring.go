@@ -445,12 +445,26 @@ func (k *Keyring) openKey(ctx context.Context, id KeyID, wrapped []byte) (*opene
 	k.mu.Unlock()
 	ck := string(key)
 	// One KMS call for a wrapped key however many goroutines (fetches of
-	// several consumers) meet it at once.
-	v, err, _ := k.unwrapping.Do(ck, func() (any, error) { return k.unwrap(ctx, kk, ck, wrapped, now) })
-	if err != nil {
-		return nil, err
+	// several consumers) meet it at once. The call runs under the context
+	// of the goroutine that started it: one that joined it and got that
+	// goroutine's cancellation (its client went away, its budget ran out)
+	// while its own context is alive asks again, once.
+	for try := 0; ; try++ {
+		v, err, shared := k.unwrapping.Do(ck, func() (any, error) { return k.unwrap(ctx, kk, ck, wrapped, now) })
+		if err != nil {
+			if shared && try == 0 && ctx.Err() == nil && ended(err) {
+				continue
+			}
+			return nil, err
+		}
+		return v.(*openedKey), nil
 	}
-	return v.(*openedKey), nil
+}
+
+// ended reports whether err is a context's end (cancelled or past its
+// deadline): the caller stopped waiting, the KMS refused nothing.
+func ended(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // unwrap asks the KMS for the data key wrapped, and caches the answer: the
@@ -469,7 +483,12 @@ func (k *Keyring) unwrap(ctx context.Context, kk *kek, ck string, wrapped []byte
 	k.mu.Unlock()
 	key, err := kk.unwrap(ctx, wrapped)
 	if err != nil {
-		kerr := &KMSError{Op: "unwrap", KeyID: kk.id, Retryable: !kk.local && retryable(err), Err: err}
+		// A call its context ended (the client went away, the chain's
+		// watchdog cancelled a call over its budget while the KMS was
+		// slow) is no refusal: remembered, it failed every record of
+		// the data key for FailedUnwrapTTL after the KMS answered again.
+		cut := ctx.Err() != nil || ended(err)
+		kerr := &KMSError{Op: "unwrap", KeyID: kk.id, Retryable: cut || !kk.local && retryable(err), Err: err}
 		if !kerr.Retryable {
 			// Remembered: a record with a forged wrapped key that its
 			// consumers fetch again and again costs one KMS call per
