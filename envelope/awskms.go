@@ -28,26 +28,37 @@ type awsKeys struct {
 // URLs are resolved (DescribeKey) when first needed, not when the keyring
 // opens (a proxy or consumer starts while the KMS is down), and again when
 // an unknown ARN shows up: at once while some URL never resolved, else at
-// most once a minute (an alias may have moved).
-func (a *awsKeys) allowed(ctx context.Context, arn string) bool {
+// most once a minute (an alias may have moved). When arn is not known and
+// a URL failed to resolve, the answer is that failure, not false: a
+// DescribeKey throttled or cut short is an outage, and a genuine data key
+// refused as another key's would be remembered as a refusal
+// (FailedUnwrapTTL).
+func (a *awsKeys) allowed(ctx context.Context, arn string) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.arns[arn] {
-		return true
+		return true, nil
 	}
 	if a.resolved == len(a.resolve) && time.Since(a.refreshed) < time.Minute {
-		return false
+		return false, nil
 	}
 	a.refreshed = time.Now()
 	ok := 0
+	var failed error
 	for _, r := range a.resolve {
-		if got, err := r(ctx); err == nil {
-			a.arns[got] = true
-			ok++
+		got, err := r(ctx)
+		if err != nil {
+			failed = err
+			continue
 		}
+		a.arns[got] = true
+		ok++
 	}
 	a.resolved = max(a.resolved, ok)
-	return a.arns[arn]
+	if !a.arns[arn] && failed != nil {
+		return false, fmt.Errorf("the data key was unwrapped by KMS key %s; checking it is a configured key: %w", arn, failed)
+	}
+	return a.arns[arn], nil
 }
 
 // foreignKeyError: KMS unwrapped a data key with a key that is not

@@ -70,8 +70,12 @@ func openAWSKMS(ctx context.Context, u *url.URL, keys *awsKeys) (*secrets.Keeper
 		if err != nil {
 			return nil, err
 		}
-		if by := aws.ToString(out.KeyId); !keys.allowed(ctx, by) {
+		by := aws.ToString(out.KeyId)
+		if ok, err := keys.allowed(ctx, by); !ok {
 			clear(out.Plaintext)
+			if err != nil {
+				return nil, err
+			}
 			return nil, &foreignKeyError{arn: by}
 		}
 		return out.Plaintext, nil
