@@ -391,8 +391,11 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	if err != nil {
 		return dataKey{}, err
 	}
-	now := k.now()
-	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: now, uses: 1, memo: &aadMemo{}, stale: new(atomic.Bool)}
+	// Its age runs from the KMS's answer: from before the call, a KMS
+	// slower than DataKeyMaxAge handed over keys already too old, and
+	// every record made one (a KMS call per record).
+	made := k.now()
+	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: made, uses: 1, memo: &aadMemo{}, stale: new(atomic.Bool)}
 	d.expiry = time.AfterFunc(k.cfg.DataKeyMaxAge, func() { d.stale.Store(true) })
 	k.mu.Lock()
 	if old, ok := k.sealing[scope]; ok {
@@ -403,7 +406,7 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	k.sealing[scope] = d
 	// The opening side knows it already: reading back what was just
 	// written costs no KMS call.
-	k.putOpened(string(d.kek[:])+string(wrapped), &openedKey{key: key, gcm: gcm, made: now, id: d.kek, wrapped: bytes.Clone(wrapped)})
+	k.putOpened(string(d.kek[:])+string(wrapped), &openedKey{key: key, gcm: gcm, made: made, id: d.kek, wrapped: bytes.Clone(wrapped)})
 	dk := *d // copied under the lock: other sealers count uses on d
 	k.mu.Unlock()
 	return dk, nil
@@ -506,7 +509,9 @@ func (k *Keyring) unwrap(ctx context.Context, kk *kek, ck string, wrapped []byte
 	if err != nil {
 		return nil, err
 	}
-	o := &openedKey{key: key, gcm: gcm, made: now, id: kk.id, wrapped: bytes.Clone(wrapped)}
+	// Cached from the KMS's answer (as sealKey's keys): from before the
+	// call, a KMS slower than DataKeyMaxAge was asked again per record.
+	o := &openedKey{key: key, gcm: gcm, made: k.now(), id: kk.id, wrapped: bytes.Clone(wrapped)}
 	k.mu.Lock()
 	k.putOpened(ck, o)
 	k.mu.Unlock()
