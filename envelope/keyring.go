@@ -174,6 +174,7 @@ type Keyring struct {
 	aws     awsKeys // the awskms:// keys' ARNs
 
 	unwrapping singleflight.Group // by cache key: one KMS call per wrapped key at a time
+	wrapping   singleflight.Group // by scope: one KMS call per rotation of a topic's key
 
 	// last is the data key openKey returned last: a fetch's records were
 	// nearly all sealed under one, and finding it here costs a comparison
@@ -374,28 +375,59 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 		return dk, nil
 	}
 	k.mu.Unlock()
-	// Made outside the lock: a slow KMS must not stall other topics. Two
-	// goroutines may both make one; the later one wins the slot.
+	// One KMS call per rotation of a topic's key however many goroutines
+	// (the partitions of several producers' requests) meet it, as opening
+	// does: they share the new key while it has uses left (before, each
+	// made and wrapped its own: a call per partition in flight, just when
+	// the KMS is slow). One that finds it used up (a DataKeyMaxUses smaller
+	// than the goroutines waiting), or that got the first one's
+	// cancellation while its own context is alive, makes its own.
+	v, err, _ := k.wrapping.Do(scope, func() (any, error) {
+		_, d, err := k.makeKey(ctx, scope, 0)
+		return d, err
+	})
+	if err == nil {
+		d := v.(*dataKey)
+		k.mu.Lock()
+		if d.uses < k.cfg.DataKeyMaxUses {
+			d.uses++
+			dk := *d // copied under the lock: other sealers count uses on d
+			k.mu.Unlock()
+			return dk, nil
+		}
+		k.mu.Unlock()
+	} else if ctx.Err() != nil || !ended(err) {
+		return dataKey{}, err
+	}
+	dk, _, err := k.makeKey(ctx, scope, 1)
+	return dk, err
+}
+
+// makeKey makes a data key for scope and wraps it (one KMS call), puts it
+// in scope's slot with uses counted, and returns a copy and the slot's
+// key. Made outside the lock: a slow KMS must not stall other topics. Two
+// goroutines may both make one; the later one wins the slot.
+func (k *Keyring) makeKey(ctx context.Context, scope string, uses int64) (dataKey, *dataKey, error) {
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
-		return dataKey{}, err
+		return dataKey{}, nil, err
 	}
 	wrapped, err := k.current.keeper.Encrypt(ctx, key)
 	if err != nil {
-		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Retryable: !k.current.local && retryable(err), Err: err}
+		return dataKey{}, nil, &KMSError{Op: "wrap", KeyID: k.current.id, Retryable: !k.current.local && retryable(err), Err: err}
 	}
 	if len(wrapped) > MaxWrappedKeyBytes {
-		return dataKey{}, &KMSError{Op: "wrap", KeyID: k.current.id, Err: fmt.Errorf("wrapped data key is %d bytes, more than %d", len(wrapped), MaxWrappedKeyBytes)}
+		return dataKey{}, nil, &KMSError{Op: "wrap", KeyID: k.current.id, Err: fmt.Errorf("wrapped data key is %d bytes, more than %d", len(wrapped), MaxWrappedKeyBytes)}
 	}
 	gcm, err := newGCM(key)
 	if err != nil {
-		return dataKey{}, err
+		return dataKey{}, nil, err
 	}
 	// Its age runs from the KMS's answer: from before the call, a KMS
 	// slower than DataKeyMaxAge handed over keys already too old, and
 	// every record made one (a KMS call per record).
 	made := k.now()
-	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: made, uses: 1, memo: &aadMemo{}, stale: new(atomic.Bool)}
+	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: made, uses: uses, memo: &aadMemo{}, stale: new(atomic.Bool)}
 	d.expiry = time.AfterFunc(k.cfg.DataKeyMaxAge, func() { d.stale.Store(true) })
 	k.mu.Lock()
 	if old, ok := k.sealing[scope]; ok {
@@ -409,7 +441,7 @@ func (k *Keyring) sealKey(ctx context.Context, scope string) (dataKey, error) {
 	k.putOpened(string(d.kek[:])+string(wrapped), &openedKey{key: key, gcm: gcm, made: made, id: d.kek, wrapped: bytes.Clone(wrapped)})
 	dk := *d // copied under the lock: other sealers count uses on d
 	k.mu.Unlock()
-	return dk, nil
+	return dk, d, nil
 }
 
 // openKey unwraps a data key wrapped by the KEK id, from the cache when it

@@ -84,3 +84,71 @@ func TestDataKeyAgeFromKMSAnswer(t *testing.T) {
 		t.Errorf("10 records of one data key opened at once through a KMS slower than the max age: %d unwrap calls, want 1", unwraps)
 	}
 }
+
+// blockingKeeper is a KMS whose Encrypt waits for release.
+type blockingKeeper struct {
+	slowKeeper
+	release chan struct{}
+}
+
+func (b *blockingKeeper) Encrypt(ctx context.Context, p []byte) ([]byte, error) {
+	b.mu.Lock()
+	b.calls++
+	b.mu.Unlock()
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return b.real.Encrypt(ctx, p)
+}
+
+// Goroutines that meet a topic's rotation at once (the partitions of many
+// producers' requests while the KMS takes its time) share one new data
+// key, one KMS call, as opening does; with DataKeyMaxUses too small for
+// them all, each still gets a key of its own and no key seals more than
+// its uses. Before, every one of them made and wrapped its own: a
+// rotation through the proxy cost a KMS call per partition in flight (64
+// for 48,000 records at 150 ms KMS latency).
+func TestSealRotationOneKMSCall(t *testing.T) {
+	for _, uses := range []int64{1_000_000, 1, 3} {
+		k := openTest(t, Config{KeyURL: testKeyURL(t), DataKeyMaxUses: uses})
+		bk := &blockingKeeper{slowKeeper: slowKeeper{real: k.current.keeper}, release: make(chan struct{})}
+		k.current.keeper = secrets.NewKeeper(bk)
+		a := RecordAAD{Topic: "t", Field: "value"}
+		const n = 16
+		var wg sync.WaitGroup
+		sealed := make([][]byte, n)
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sealed[i], errs[i] = k.SealRecord(context.Background(), nil, []byte{byte(i)}, a)
+			}()
+		}
+		time.Sleep(100 * time.Millisecond) // all waiting on the KMS
+		close(bk.release)
+		wg.Wait()
+		keys := map[string]int{}
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("uses=%d: %v", uses, errs[i])
+			}
+			p, err := k.OpenRecord(context.Background(), nil, sealed[i], a)
+			if err != nil || len(p) != 1 || p[0] != byte(i) {
+				t.Fatalf("uses=%d: record %d opened to %v, %v", uses, i, p, err)
+			}
+			_, m, _ := parseFixed(sealed[i])
+			keys[string(sealed[i][fixedHeaderBytes:fixedHeaderBytes+m])]++
+		}
+		for _, c := range keys {
+			if int64(c) > uses {
+				t.Errorf("uses=%d: a data key sealed %d records", uses, c)
+			}
+		}
+		if uses >= n && bk.calls != 1 {
+			t.Errorf("uses=%d: %d goroutines meeting a rotation made %d KMS calls, want 1", uses, n, bk.calls)
+		}
+	}
+}
