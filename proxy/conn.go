@@ -110,6 +110,13 @@ type conn struct {
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
+	// parked: the writer waits on the upstream connection with nothing
+	// queued (waitUpstream); kicked: the reader has woken it since
+	// (kickWriter), by a read deadline the writer clears. Under parkMu.
+	parkMu sync.Mutex
+	parked bool
+	kicked bool
+
 	// firstDone: the client has sent a whole request (or one waits for the
 	// proxy); until then firstTimer closes the connection at
 	// connections.first.request.timeout.ms (limits.go).
@@ -321,18 +328,16 @@ func (c *conn) ensureUpstream() bool {
 	return true
 }
 
-// watchAfter is how long the writer, with nothing queued, waits for the
-// next request before the watcher peeks at the upstream connection: a
-// broker closing an idle connection is seen within it.
-const watchAfter = 20 * time.Millisecond
-
 // readerSize is the buffer of each side's bufio.Reader: small frames are
 // read through it; larger ones stream or are read into their own buffers.
 const readerSize = 32 << 10
 
 // readLoop reads requests from the client and forwards them upstream.
 func (c *conn) readLoop() {
-	defer close(c.pending)
+	defer func() {
+		close(c.pending)
+		c.kickWriter()
+	}()
 	for {
 		if !c.readRequest() {
 			return
@@ -900,6 +905,9 @@ func (c *conn) enqueue(f *inflight) bool {
 	}
 	select {
 	case c.pending <- f:
+		if f.local != nil {
+			c.kickWriter() // no response from the broker will wake it
+		}
 		return true
 	case <-c.done:
 		f.drop()
@@ -966,33 +974,11 @@ func tryPending(pending <-chan *inflight) (f *inflight, ok, queued bool) {
 	}
 }
 
-// watchUpstream peeks at the upstream connection while the writer has
-// nothing in flight, so that a broker closing an idle connection (restart,
-// connections.max.idle.ms) is seen at once and the client's connection
-// closes too, as it would have without the proxy. It reports each peek's
-// outcome on res and peeks again when asked on req. The writer reads
-// upstream only after a peek returned, so the two never read at once.
-func (c *conn) watchUpstream(req <-chan struct{}, res chan<- error) {
-	for {
-		select {
-		case <-req:
-		case <-c.done:
-			return
-		}
-		_, err := c.ur.Peek(1)
-		select {
-		case res <- err:
-		case <-c.done:
-			return
-		}
-	}
-}
-
 // writeLoop answers queued requests in order: each queued request takes the
 // next frame from the broker (Kafka answers in order on a connection).
 //
 //	next request (nextRequest) ─► an answer the proxy made itself (local)
-//	                           └► upstream ready to read (settle) ─► answer
+//	                           └► the broker's response (answer)
 func (c *conn) writeLoop() {
 	var f *inflight // the request being answered
 	defer func() {
@@ -1004,8 +990,7 @@ func (c *conn) writeLoop() {
 			g.drop()
 		}
 	}()
-	w := newUpstreamWatch(c)
-	defer w.idle.Stop()
+	w := &writer{}
 	defer func() { w.next.drop() }()
 	for {
 		var ok bool
@@ -1018,100 +1003,130 @@ func (c *conn) writeLoop() {
 			}
 			continue
 		}
-		if !w.settle() || !c.answer(f, w) {
+		if !c.dialled() || !c.answer(f, w) {
 			return
 		}
 	}
 }
 
-// upstreamWatch is the writer's view of the upstream connection between
-// responses: while nothing is in flight, a goroutine (watchUpstream) peeks
-// at it, so that a broker closing an idle connection is seen at once. The
-// writer reads upstream only when no peek is outstanding (settle).
-type upstreamWatch struct {
-	c        *conn
-	ready    <-chan struct{} // c.upReady until the watcher starts; then nil
-	req      chan struct{}   // asks the watcher for a peek
-	res      chan error      // a peek's outcome
-	watching bool            // a peek is outstanding: its outcome comes on res
-	idle     *time.Timer     // how long the writer waits before handing over
+// dialled waits until the reader has dialled the upstream broker (it queues
+// a request before it dials); false: the dial failed, or the connection
+// closed meanwhile.
+func (c *conn) dialled() bool {
+	select {
+	case <-c.upReady:
+		return c.upErr == nil
+	case <-c.done:
+		return false
+	}
+}
+
+// writer is the writer goroutine's state between responses.
+type writer struct {
 	// next: a request taken from pending by answerRun that was not in
 	// its run; nextRequest returns it before anything else.
 	next *inflight
 	run  []*inflight // answerRun's requests (kept to reuse its array)
 }
 
-func newUpstreamWatch(c *conn) *upstreamWatch {
-	w := &upstreamWatch{c: c, ready: c.upReady, res: make(chan error, 1), idle: time.NewTimer(time.Hour)}
-	w.idle.Stop()
-	return w
-}
-
-// start starts the watcher once upstream is dialled (call it after ready
-// closed, or with the watcher started); false: the dial failed.
-func (w *upstreamWatch) start() bool {
-	if w.ready != nil {
-		if w.c.upErr != nil {
-			return false
-		}
-		w.req, w.ready = make(chan struct{}, 1), nil
-		go w.c.watchUpstream(w.req, w.res)
-	}
-	return true
-}
-
 // nextRequest returns the next queued request, waiting for one; false ends
-// the loop: the reader closed pending, or the upstream closed, or it sent
-// a response to no request.
-func (c *conn) nextRequest(w *upstreamWatch) (*inflight, bool) {
+// the loop: the reader closed pending, or the upstream failed or closed, or
+// it sent a response to no request.
+//
+// With nothing queued the writer waits on the upstream connection itself
+// (waitUpstream), not on pending: a request forwarded to the broker is
+// queued before it is written, so it is in pending when its response's
+// bytes wake the writer, and the reader need not wake the writer for it
+// (a goroutine wake-up per request, and a thread's with it: runtime.wakep,
+// futex). The reader wakes it (kickWriter) only for what no response
+// announces: an answer the proxy makes itself, and the end of pending. A
+// broker closing an idle connection is seen at once, and the client's
+// connection closes too, as it would have without the proxy.
+func (c *conn) nextRequest(w *writer) (*inflight, bool) {
 	if f := w.next; f != nil {
 		w.next = nil
 		return f, true
 	}
 	for {
 		if f, ok, queued := tryPending(c.pending); queued {
-			// A request is waiting (pipelined): its response is read
-			// straight away, without a hand-off to the watcher.
 			return f, ok
-		}
-		if w.ready == nil && !w.watching {
-			// Nothing queued: the next request usually follows soon (a
-			// client's next batch), so the writer waits for it a moment
-			// before handing the upstream to the watcher, which costs
-			// two goroutine wake-ups per idle spell.
-			w.idle.Reset(watchAfter)
-			select {
-			case f, ok := <-c.pending:
-				w.idle.Stop() // (Go 1.23+: no stale tick is left to drain)
-				return f, ok
-			case <-w.idle.C:
-			}
-			w.req <- struct{}{}
-			w.watching = true
 		}
 		select {
-		case f, ok := <-c.pending:
-			return f, ok
-		case err := <-w.res:
-			w.watching = false
-			// A request is queued before it is forwarded, so the request
-			// a response answers is in pending by the time its bytes
-			// arrive; but when both are ready, select picks either.
-			// Take it now if it is there.
+		case <-c.upReady:
+		default:
+			// Not dialled yet (the reader dials): only a queued request
+			// or the dial's end can come.
+			select {
+			case f, ok := <-c.pending:
+				return f, ok
+			case <-c.upReady:
+				continue
+			case <-c.done:
+				return nil, false
+			}
+		}
+		if c.upErr != nil {
+			return nil, false // (the reader counted and closed)
+		}
+		if err, kicked := c.waitUpstream(); err != nil || !kicked {
+			// Bytes (a response, whose request is in pending by now) or
+			// the upstream's end.
 			if f, ok, queued := tryPending(c.pending); queued {
 				return f, ok
 			}
 			c.upstreamIdleEnd(err)
 			return nil, false
-		case <-w.ready:
-			if !w.start() {
-				return nil, false
-			}
 		}
 	}
 }
 
-// upstreamIdleEnd handles what the watcher saw with nothing in flight:
+// waitUpstream waits, with nothing queued, until the upstream connection has
+// bytes to read (err nil) or fails or closes, or the reader wakes the writer
+// (kicked). The reader's wake sets a read deadline in the past, which
+// waitUpstream clears before it returns: reads of a response never see it.
+func (c *conn) waitUpstream() (err error, kicked bool) {
+	c.parkMu.Lock()
+	c.parked = true
+	c.parkMu.Unlock()
+	// A request queued before parked was set was not kicked for: looked
+	// for here, after it.
+	if len(c.pending) == 0 {
+		_, err = c.ur.Peek(1)
+	}
+	c.parkMu.Lock()
+	c.parked = false
+	kicked, c.kicked = c.kicked, false
+	if kicked {
+		_ = c.upstream.SetReadDeadline(time.Time{})
+	}
+	c.parkMu.Unlock()
+	if kicked && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil
+	}
+	if err == nil && c.ur.Buffered() == 0 {
+		kicked = true // nothing read: look at pending again
+	}
+	return err, kicked
+}
+
+// kickWriter wakes the writer if it waits on the upstream connection
+// (waitUpstream): the reader queued a request no response from the broker
+// will announce (an answer of the proxy's own), or closed pending. Only the
+// reader calls it; a closed pending is seen without it too once the upstream
+// ends, but the writer must answer at once.
+func (c *conn) kickWriter() {
+	c.parkMu.Lock()
+	if c.parked && !c.kicked {
+		c.kicked = true
+		_ = c.upstream.SetReadDeadline(aLongTimeAgo)
+	}
+	c.parkMu.Unlock()
+}
+
+// aLongTimeAgo is a deadline that has passed: it ends a read in progress.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// upstreamIdleEnd handles what the writer saw with nothing in flight:
 // bytes (a response to no request) or the broker closing the connection,
 // which the client's connection then follows.
 func (c *conn) upstreamIdleEnd(err error) {
@@ -1126,42 +1141,8 @@ func (c *conn) upstreamIdleEnd(err error) {
 	}
 }
 
-// settle makes the upstream ready for the writer to read a response:
-// dialled (the reader dials), watched, and no peek outstanding (its outcome
-// is the response's first bytes, or the end). False ends the loop.
-func (w *upstreamWatch) settle() bool {
-	c := w.c
-	if w.ready != nil {
-		select {
-		case <-w.ready:
-		case <-c.done:
-			return false
-		}
-	}
-	if !w.start() {
-		return false
-	}
-	if !w.watching {
-		return true
-	}
-	select {
-	case err := <-w.res:
-		w.watching = false
-		if err != nil {
-			if !c.closed() {
-				c.resetUnanswered()
-				c.fail("upstream_io", "read from the upstream broker failed", err)
-			}
-			return false
-		}
-		return true
-	case <-c.done:
-		return false
-	}
-}
-
 // answer reads f's response from upstream and writes it to the client.
-func (c *conn) answer(f *inflight, w *upstreamWatch) bool {
+func (c *conn) answer(f *inflight, w *writer) bool {
 	head, err := c.ur.Peek(8)
 	if err != nil {
 		if !c.closed() {
@@ -1326,7 +1307,7 @@ const maxRun = 64
 // (Produce with acks, 132-byte responses) gets the responses the broker
 // sent together in one write rather than one each. A request taken from
 // pending that does not fit the run is answered next (w.next).
-func (c *conn) answerRun(f *inflight, n int, w *upstreamWatch) bool {
+func (c *conn) answerRun(f *inflight, n int, w *writer) bool {
 	run := append(w.run[:0], f)
 	sizes := [maxRun]int{n}
 	for len(run) < maxRun && n+8 <= c.ur.Buffered() {
