@@ -97,16 +97,23 @@ type conn struct {
 	upReady  chan struct{} // closed once upstream is dialled
 	upErr    error         // why the dial failed (set before upReady closes; nil: dialled)
 
-	pending   chan *inflight
-	done      chan struct{}   // closed by close()
-	ctx       context.Context // ends with the connection (interceptor calls)
-	cancel    context.CancelFunc
-	closeOnce sync.Once
-	draining  atomic.Bool
-	active    atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
-	inFlight  atomic.Int32 // requests queued and not yet answered (including the one being answered)
-	served    atomic.Bool  // a response other than ApiVersions or SASL has been written (abortive)
-	clientEOF atomic.Bool  // the client closed its side (readError): a reset on a write then is its
+	pending chan *inflight
+	done    chan struct{}   // closed by close()
+	ctx     context.Context // ends with the connection (interceptor calls)
+	cancel  context.CancelFunc
+	// fetchCtx: ctx, ended too when the client resets its connection
+	// (readError): the work of a Fetch response (its fetch interceptors,
+	// downloads) is only for the client to read, and a reset socket reads
+	// nothing. (A Produce response's work, confirming or undoing what was
+	// published, goes on under ctx.)
+	fetchCtx    context.Context
+	cancelFetch context.CancelFunc
+	closeOnce   sync.Once
+	draining    atomic.Bool
+	active      atomic.Int64 // unix nanoseconds of the last whole frame read from or written to the client
+	inFlight    atomic.Int32 // requests queued and not yet answered (including the one being answered)
+	served      atomic.Bool  // a response other than ApiVersions or SASL has been written (abortive)
+	clientEOF   atomic.Bool  // the client closed its side (readError): a reset on a write then is its
 
 	writeDeadline time.Time // the client's write deadline (writer goroutine only)
 
@@ -142,6 +149,7 @@ func newConn(s *Server, c net.Conn, nodeID int32) *conn {
 	// acknowledged record references) outlives the connection, until
 	// Shutdown's deadline (Server.undo).
 	cn.ctx, cn.cancel = context.WithCancel(s.undo.With(context.Background()))
+	cn.fetchCtx, cn.cancelFetch = context.WithCancel(cn.ctx)
 	cn.active.Store(time.Now().UnixNano())
 	cn.auth.init(s.authRequired)
 	cn.sessions.s = s
@@ -952,6 +960,7 @@ func (c *conn) readError(err error) {
 		c.log.Debug("client reset the connection", "err", err)
 		c.clientEOF.Store(true)
 		c.served.Store(true)
+		c.cancelFetch() // no one reads the Fetch responses still owed
 	case errors.Is(err, ErrFrameTooLarge), errors.Is(err, ErrNegativeSize):
 		c.fail("frame_too_large", "request size prefix over socket.request.max.bytes", err)
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):

@@ -592,7 +592,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		if mx := c.s.mem.Limit() / 4; limits.MaxBytes <= 0 || int64(limits.MaxBytes) > mx {
 			limits.MaxBytes = int32(min(mx, math.MaxInt32))
 		}
-		out := f.gen.chain.InterceptFetchLimited(c.ctx, resp, limits)
+		out := f.gen.chain.InterceptFetchLimited(c.fetchCtx, resp, limits)
 		release = out.Release
 		if out.Truncated > 0 {
 			c.log.Debug("fetch response cut to the consumer's limits", "partitions", out.Truncated, "max_bytes", f.fetchLimits.MaxBytes)
@@ -628,7 +628,7 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			// (fetchframe.go): only the rest of the frame is encoded.
 			large := detachLarge(resp, out.Streamed)
 			est := fetchFrameBytes(resp, hlen)
-			ctx, cancel := context.WithTimeout(c.ctx, f.gen.chain.Timeout())
+			ctx, cancel := context.WithTimeout(c.fetchCtx, f.gen.chain.Timeout())
 			err := c.s.mem.Take(ctx, est)
 			cancel()
 			if err != nil {
