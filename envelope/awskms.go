@@ -17,11 +17,16 @@ import (
 // to a new key, data keys of the old key open while the old key is
 // configured too (by its ARN or key id in .decrypt.key.urls).
 type awsKeys struct {
-	mu        sync.Mutex
-	arns      map[string]bool
-	resolve   []func(context.Context) (string, error) // one per URL: DescribeKey
-	resolved  int                                     // how many resolved at the last refresh
-	refreshed time.Time
+	// refreshing serializes the refreshes (DescribeKey calls), which run
+	// without mu: a key already known is answered while a refresh for an
+	// unknown one waits on the KMS (a forged record's refresh, once a
+	// minute, held up every unwrap for as long as DescribeKey hung).
+	refreshing sync.Mutex
+	mu         sync.Mutex // guards the fields below
+	arns       map[string]bool
+	resolve    []func(context.Context) (string, error) // one per URL: DescribeKey
+	resolved   int                                     // how many resolved at the last refresh
+	refreshed  time.Time
 }
 
 // allowed reports whether KMS key arn is one of the configured keys. The
@@ -34,31 +39,49 @@ type awsKeys struct {
 // refused as another key's would be remembered as a refusal
 // (FailedUnwrapTTL).
 func (a *awsKeys) allowed(ctx context.Context, arn string) (bool, error) {
+	if a.known(arn) {
+		return true, nil
+	}
+	a.refreshing.Lock()
+	defer a.refreshing.Unlock()
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.arns[arn] {
+	if a.arns[arn] { // a refresh that just ended found it
+		a.mu.Unlock()
 		return true, nil
 	}
 	if a.resolved == len(a.resolve) && time.Since(a.refreshed) < time.Minute {
+		a.mu.Unlock()
 		return false, nil
 	}
 	a.refreshed = time.Now()
-	ok := 0
+	a.mu.Unlock()
+	var got []string
 	var failed error
 	for _, r := range a.resolve {
-		got, err := r(ctx)
+		g, err := r(ctx)
 		if err != nil {
 			failed = err
 			continue
 		}
-		a.arns[got] = true
-		ok++
+		got = append(got, g)
 	}
-	a.resolved = max(a.resolved, ok)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, g := range got {
+		a.arns[g] = true
+	}
+	a.resolved = max(a.resolved, len(got))
 	if !a.arns[arn] && failed != nil {
 		return false, fmt.Errorf("the data key was unwrapped by KMS key %s; checking it is a configured key: %w", arn, failed)
 	}
 	return a.arns[arn], nil
+}
+
+// known reports whether arn is a configured key found by a refresh.
+func (a *awsKeys) known(arn string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.arns[arn]
 }
 
 // foreignKeyError: KMS unwrapped a data key with a key that is not
