@@ -217,9 +217,17 @@ func isVaultURL(u string) bool {
 func (e *Encrypt) sealsHeader(name string) bool { return slices.Contains(e.headers, name) }
 
 // sealedSize is the size of a sealed field of plain bytes, with the last
-// wrapped key's length (exact while the data key's KMS keeps its length).
+// wrapped key's length (exact while the data key's KMS keeps its length),
+// or before the first seal the longest a wrapped key may be
+// (envelope.MaxWrappedKeyBytes): the buffer charged is never short, so no
+// output is allocated before it is charged (found by a helper: the first
+// sealed record after start was, guessed with a wrapped key of 0 bytes).
 func (e *Encrypt) sealedSize(plain int) int {
-	return envelope.SealedRecordSize(plain, int(e.wrapped.Load()))
+	w := int(e.wrapped.Load())
+	if w == 0 {
+		w = envelope.MaxWrappedKeyBytes
+	}
+	return envelope.SealedRecordSize(plain, w)
 }
 
 // ProcessRecord seals r's value (unless null) and the values of the

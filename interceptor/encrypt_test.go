@@ -807,3 +807,25 @@ func TestEncryptConfig(t *testing.T) {
 		}
 	}
 }
+
+// The buffer a field is sealed into is charged before it is written, sized
+// with the last wrapped key's length; before the first seal that length is
+// not known, and the guess is the longest a wrapped key may be, so the
+// first sealed field fits its charged buffer too (guessed with 0 bytes, it
+// was sealed into a slice allocated before its charge: found by a helper).
+func TestEncryptFirstSealFitsItsBuffer(t *testing.T) {
+	in := encrypter(t, map[string]string{KeyEncryptKeyURL: encKeyURL(t)})
+	e, ok := in.Produce.(*Encrypt)
+	if !ok {
+		t.Fatalf("encrypt's produce side is %T", in.Produce)
+	}
+	plain := bytes.Repeat([]byte("x"), 1000)
+	guess := e.sealedSize(len(plain)) // before any seal
+	out, err := e.kr.SealRecord(context.Background(), nil, plain, envelope.RecordAAD{Topic: "sec", Field: encryptFieldValue})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) > guess {
+		t.Fatalf("the first sealed field is %d bytes, more than the %d its buffer was sized for", len(out), guess)
+	}
+}
