@@ -1077,7 +1077,7 @@ func (c *conn) nextRequest(w *writer) (*inflight, bool) {
 		if c.upErr != nil {
 			return nil, false // (the reader counted and closed)
 		}
-		if err, kicked := c.waitUpstream(); err != nil || !kicked {
+		if kicked, err := c.waitUpstream(); err != nil || !kicked {
 			// Bytes (a response, whose request is in pending by now) or
 			// the upstream's end.
 			if f, ok, queued := tryPending(c.pending); queued {
@@ -1093,7 +1093,7 @@ func (c *conn) nextRequest(w *writer) (*inflight, bool) {
 // bytes to read (err nil) or fails or closes, or the reader wakes the writer
 // (kicked). The reader's wake sets a read deadline in the past, which
 // waitUpstream clears before it returns: reads of a response never see it.
-func (c *conn) waitUpstream() (err error, kicked bool) {
+func (c *conn) waitUpstream() (kicked bool, err error) {
 	c.parkMu.Lock()
 	c.parked = true
 	c.parkMu.Unlock()
@@ -1115,7 +1115,7 @@ func (c *conn) waitUpstream() (err error, kicked bool) {
 	if err == nil && c.ur.Buffered() == 0 {
 		kicked = true // nothing read: look at pending again
 	}
-	return err, kicked
+	return kicked, err
 }
 
 // kickWriter wakes the writer if it waits on the upstream connection
