@@ -123,6 +123,7 @@ type conn struct {
 	parkMu sync.Mutex
 	parked bool
 	kicked bool
+	ended  bool // pending is closed (readerEnded)
 
 	// firstDone: the client has sent a whole request (or one waits for the
 	// proxy); until then firstTimer closes the connection at
@@ -342,15 +343,24 @@ const readerSize = 32 << 10
 
 // readLoop reads requests from the client and forwards them upstream.
 func (c *conn) readLoop() {
-	defer func() {
-		close(c.pending)
-		c.kickWriter()
-	}()
+	defer c.readerEnded()
 	for {
 		if !c.readRequest() {
 			return
 		}
 	}
+}
+
+// readerEnded closes pending once the reader has stopped and wakes the
+// writer (kickWriter). ended is set too, under parkMu: a writer that found
+// pending empty before the close and parks after the kick (which found it
+// not parked) sees it there, as len(pending) does not show a close.
+func (c *conn) readerEnded() {
+	close(c.pending)
+	c.parkMu.Lock()
+	c.ended = true
+	c.parkMu.Unlock()
+	c.kickWriter()
 }
 
 // readRequest handles one request; false ends the loop.
@@ -1096,10 +1106,11 @@ func (c *conn) nextRequest(w *writer) (*inflight, bool) {
 func (c *conn) waitUpstream() (kicked bool, err error) {
 	c.parkMu.Lock()
 	c.parked = true
+	ended := c.ended
 	c.parkMu.Unlock()
-	// A request queued before parked was set was not kicked for: looked
-	// for here, after it.
-	if len(c.pending) == 0 {
+	// A request queued, or pending closed, before parked was set was not
+	// kicked for: looked for here, after it.
+	if len(c.pending) == 0 && !ended {
 		_, err = c.ur.Peek(1)
 	}
 	c.parkMu.Lock()
