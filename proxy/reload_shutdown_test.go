@@ -35,6 +35,10 @@ func init() {
 // the chain it built: nothing installs a chain after Shutdown, whose
 // interceptors (payload stores) would never be closed.
 func TestReloadDuringShutdown(t *testing.T) {
+	// Fresh each run (go test -count N: a second close of the same
+	// channel panicked).
+	blockRelease = make(chan struct{})
+	blockClosed.Store(0)
 	spec := interceptor.Spec{Name: "reload-test", Config: map[string]string{"topic.pattern": "a.*"}}
 	s := reloadServer(t, spec)
 	errc := make(chan error, 1)
