@@ -185,8 +185,15 @@ func (c *conn) drain() {
 	_ = c.client.SetReadDeadline(time.Now())
 }
 
-// fail logs why the connection closes, counts it and closes it.
+// fail logs why the connection closes, counts it and closes it. A
+// connection already closed (by the other goroutine, the idle reaper,
+// Shutdown) is not counted again: what failed then (a charge to the memory
+// budget on its cancelled context, a wait for SASL ended by the close) is
+// the close's consequence, and whoever closed it said why.
 func (c *conn) fail(kind string, msg string, err error) {
+	if c.closed() {
+		return
+	}
 	c.s.m.errors.WithLabelValues(kind).Inc()
 	c.log.Warn(msg+"; closing the connection", "err", err)
 	c.close()
