@@ -243,6 +243,9 @@ func TestReloadInFlightRequestFinishesOnOldChain(t *testing.T) {
 		return []interceptor.Spec{{Name: "gate", Config: map[string]string{"mark": m, "open": strconv.FormatBool(open)}}}
 	}
 	old, next := t.Name()+"-old", t.Name()+"-new"
+	// A run before this one (go test -count N) left its marks closed.
+	gateClosed.Delete(old)
+	gateClosed.Delete(next)
 	s, err := New(Config{Upstream: c.ListenAddrs(), Listen: "127.0.0.1:0", InterceptorTimeout: time.Minute,
 		Interceptors: mark(old, false), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
