@@ -15,14 +15,16 @@ import (
 	"github.com/ferrykit/ferry/interceptor"
 )
 
-// blocking is a produce interceptor that waits until its call is cancelled
-// and counts the cancellations.
+// blocking is an interceptor (produce or fetch: the two share a method
+// set) that waits until its call is cancelled, counting calls entered and
+// cancelled, on the topics pattern matches.
 type blocking struct {
 	entered, cancelled *atomic.Int64
+	pattern            *regexp.Regexp
 }
 
 func (b blocking) Name() string                 { return "blocking" }
-func (b blocking) TopicPattern() *regexp.Regexp { return regexp.MustCompile(`^blk$`) }
+func (b blocking) TopicPattern() *regexp.Regexp { return b.pattern }
 func (b blocking) ProcessRecord(ctx context.Context, _ *interceptor.Record) error {
 	b.entered.Add(1)
 	<-ctx.Done()
@@ -34,7 +36,7 @@ var blockingEntered, blockingCancelled atomic.Int64
 
 func init() {
 	interceptor.Register("test-blocking", func(context.Context, map[string]string) (interceptor.Instance, error) {
-		return interceptor.Instance{Produce: blocking{&blockingEntered, &blockingCancelled}}, nil
+		return interceptor.Instance{Produce: blocking{&blockingEntered, &blockingCancelled, regexp.MustCompile(`^blk$`)}}, nil
 	})
 }
 

@@ -14,24 +14,11 @@ import (
 	"github.com/ferrykit/ferry/interceptor"
 )
 
-// blockingFetch is a fetch interceptor that waits until its call is
-// cancelled, counting calls entered and cancelled.
-type blockingFetch struct{}
-
 var fetchEntered, fetchCancelled atomic.Int64
-
-func (blockingFetch) Name() string                 { return "blocking-fetch" }
-func (blockingFetch) TopicPattern() *regexp.Regexp { return regexp.MustCompile(`^blkf$`) }
-func (blockingFetch) ProcessRecord(ctx context.Context, _ *interceptor.Record) error {
-	fetchEntered.Add(1)
-	<-ctx.Done()
-	fetchCancelled.Add(1)
-	return ctx.Err()
-}
 
 func init() {
 	interceptor.Register("test-blocking-fetch", func(context.Context, map[string]string) (interceptor.Instance, error) {
-		return interceptor.Instance{Fetch: blockingFetch{}}, nil
+		return interceptor.Instance{Fetch: blocking{&fetchEntered, &fetchCancelled, regexp.MustCompile(`^blkf$`)}}, nil
 	})
 }
 
