@@ -249,7 +249,7 @@ func (a *authReader) Read(p []byte) (int, error) {
 // from decryption: errors that are neither Tink's nor a short read.
 func isIOError(err error) bool {
 	var ne interface{ Timeout() bool }
-	return errors.As(err, &ne) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	return errors.As(err, &ne) || ended(err)
 }
 
 // FixedHeaderBytes is how many bytes of a sealed object PlainSizeOf needs.
