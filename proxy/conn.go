@@ -1233,9 +1233,7 @@ func (c *conn) answer(f *inflight, w *writer) bool {
 		// in the connection's read buffer, and discarded once written.
 		frame, err := c.ur.Peek(n)
 		if err != nil {
-			if !c.closed() {
-				c.fail("upstream_io", "read from the upstream broker failed", eofInFrame(err))
-			}
+			c.fail("upstream_io", "read from the upstream broker failed", eofInFrame(err))
 			return false
 		}
 		out, release, err := c.response(f, frame)
@@ -1253,17 +1251,13 @@ func (c *conn) answer(f *inflight, w *writer) bool {
 	// a pooled buffer of its size class, charged to the budget first.
 	_, charged, _ := poolClass(4 + int(size))
 	if err := c.s.mem.TakeUnqueued(c.ctx, int64(charged)); err != nil {
-		if !c.closed() {
-			c.fail("memory", "no room in proxy.memory.max.bytes for a response from the upstream broker", err)
-		}
+		c.fail("memory", "no room in proxy.memory.max.bytes for a response from the upstream broker", err)
 		return false
 	}
 	defer c.s.mem.Give(int64(charged))
 	frame := getFrame(4 + int(size))
 	if _, err := io.ReadFull(c.ur, frame); err != nil {
-		if !c.closed() {
-			c.fail("upstream_io", "read from the upstream broker failed", eofInFrame(err))
-		}
+		c.fail("upstream_io", "read from the upstream broker failed", eofInFrame(err))
 		return false
 	}
 	out, release, err := c.response(f, frame)
