@@ -307,9 +307,10 @@ func (c Config) Validate() error {
 
 // NewDeserializer returns a Deserializer over store with c's
 // large.message.skip.not.found.error and
-// large.message.reference.resolve.topics.
+// large.message.reference.resolve.topics, resolving the sides whose
+// key.deserializers and value.deserializers have the large-message stage.
 func (c Config) NewDeserializer(store payloadstore.PayloadStore) *Deserializer {
-	return NewDeserializer(store, c.SkipNotFound).WithResolveTopics(c.ResolveTopics)
+	return NewDeserializer(store, c.SkipNotFound).WithResolveTopics(c.ResolveTopics).WithDeserializers(c.KeyDeserializers, c.ValueDeserializers)
 }
 
 // OpenStore opens c.StoreURL with c's id generator and wraps it with c's

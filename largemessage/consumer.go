@@ -169,6 +169,9 @@ func takeWithin(recs []*kgo.Record, max int, limit int64, size func(*kgo.Record)
 // counts, and resolution reports the error.
 func (c *Consumer) resolvedSize(ctx context.Context, r *kgo.Record) int64 {
 	n := int64(len(r.Key) + len(r.Value))
+	if c.de.keepValue && (c.de.keepKey || !IsKeyOffloaded(r)) {
+		return n // nothing of r is resolved (WithDeserializers)
+	}
 	if g, ok := ResolvedGrowth(r); ok {
 		return n + g
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferrykit/ferry/envelope"
 	"github.com/ferrykit/ferry/payloadstore"
+	"github.com/ferrykit/ferry/serde"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -65,6 +66,9 @@ type Deserializer struct {
 	store        payloadstore.PayloadStore
 	skipNotFound bool
 	otherTopics  *regexp.Regexp // other topics whose objects may be read
+	// keepKey, keepValue: that side's deserializer chain has no
+	// large-message stage, so its reference is handed out as fetched.
+	keepKey, keepValue bool
 }
 
 // NewDeserializer returns a Deserializer that downloads from store;
@@ -83,6 +87,19 @@ func NewDeserializer(store payloadstore.PayloadStore, skipNotFound bool) *Deseri
 // none) and returns d.
 func (d *Deserializer) WithResolveTopics(re *regexp.Regexp) *Deserializer {
 	d.otherTopics = re
+	return d
+}
+
+// WithDeserializers makes d resolve only the sides whose chain has the
+// large-message stage (key.deserializers, value.deserializers; a nil chain
+// resolves its side, as the default chain large-message,bytes does) and
+// returns d. A side whose chain has none, value.deserializers=bytes say,
+// is handed out as fetched: the PayloadReferenceValue with its headers, as
+// Kafka's ByteArrayDeserializer hands it out; the library's Producer never
+// offloads such a side either.
+func (d *Deserializer) WithDeserializers(key, value *serde.Chain) *Deserializer {
+	d.keepKey = key != nil && !key.LargeMessage()
+	d.keepValue = value != nil && !value.LargeMessage()
 	return d
 }
 
@@ -124,7 +141,7 @@ func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, maxBytes in
 		skipped  error
 	)
 	for i, sd := range sides {
-		if !marked(rec.Headers, sd.marker) {
+		if !marked(rec.Headers, sd.marker) || d.keeps(sd) {
 			continue
 		}
 		refBytes := rec.Value
@@ -188,6 +205,14 @@ func (d *Deserializer) resolve(ctx context.Context, rec *kgo.Record, maxBytes in
 	return skipped
 }
 
+// keeps reports whether d hands sd out as fetched (WithDeserializers).
+func (d *Deserializer) keeps(sd side) bool {
+	if sd.name == "key" {
+		return d.keepKey
+	}
+	return d.keepValue
+}
+
 // maxPrealloc bounds the buffer Resolve allocates from a size header before
 // any byte has arrived; larger payloads grow the buffer as they stream.
 const maxPrealloc = 64 << 20
@@ -197,9 +222,11 @@ const maxPrealloc = 64 << 20
 // hold in memory. The reader checks size and SHA-256 as it streams and fails
 // its last Read with a *RecordError wrapping ErrSizeMismatch or
 // ErrDigestMismatch, so a consumer never accepts altered bytes silently.
-// A record without the large-message header yields its value itself.
+// A record without the large-message header, or any record when
+// value.deserializers has no large-message stage (WithDeserializers),
+// yields its value itself.
 func (d *Deserializer) OpenValue(ctx context.Context, rec *kgo.Record) (io.ReadCloser, int64, error) {
-	if !IsOffloaded(rec) {
+	if !IsOffloaded(rec) || d.keepValue {
 		return io.NopCloser(bytes.NewReader(rec.Value)), int64(len(rec.Value)), nil
 	}
 	return d.open(ctx, rec, valueSide, rec.Value)

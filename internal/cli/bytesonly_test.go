@@ -2,10 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferrykit/ferry/largemessage"
 )
 
 // value.serializers=bytes (a chain without large-message) never offloads
@@ -96,5 +99,49 @@ func TestConsumeOutNullKey(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], " key=null -> ") || !strings.Contains(lines[1], ` key="" -> `) {
 		t.Errorf("stdout %q: want key=null for the record without a key, then key=\"\" for the empty key", r.stdout)
+	}
+}
+
+// consume with value.deserializers=bytes (a chain without large-message)
+// writes an offloaded value as it was fetched, its PayloadReferenceValue,
+// as kafka-console-consumer with the ByteArrayDeserializer shows it, and
+// calls it inline; the default chain resolves the payload.
+func TestConsumeBytesChainKeepsReference(t *testing.T) {
+	_, brokers := cluster(t)
+	dir := t.TempDir()
+	storeDir := filepath.Join(dir, "store")
+	big, sum := randomFile(t, dir, "big.bin", 2<<20, 34)
+	if r := run(t, nil, "produce", "--brokers", brokers, "-t", "t", "--store", storeDir, big); r.code != 0 || !strings.Contains(r.stdout, " offloaded ") {
+		t.Fatalf("produce: exit %d, stdout %q; want one offloaded record", r.code, r.stdout)
+	}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		how      string
+		resolved bool
+	}{
+		{"default chain", nil, " offloaded ", true},
+		{"value.deserializers=bytes", []string{"-X", "value.deserializers=bytes"}, " inline ", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			args := append([]string{"consume", "--brokers", brokers, "-t", "t", "--store", storeDir, "--out", out, "-n", "1"}, tc.args...)
+			r := run(t, nil, args...)
+			if r.code != 0 || !strings.Contains(r.stdout, tc.how) {
+				t.Fatalf("exit %d, stdout %q; want 0 and a record written%s", r.code, r.stdout, tc.how)
+			}
+			got, err := os.ReadFile(filepath.Join(out, "big.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resolved := sha256.Sum256(got) == sum; resolved != tc.resolved {
+				t.Errorf("wrote %d bytes, the payload: %v; want %v", len(got), resolved, tc.resolved)
+			}
+			if !tc.resolved {
+				if _, err := largemessage.DecodeReference(got); err != nil {
+					t.Errorf("wrote %d bytes, not the PayloadReferenceValue: %v", len(got), err)
+				}
+			}
+		})
 	}
 }

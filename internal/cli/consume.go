@@ -100,7 +100,10 @@ Avro's JSON encoding as kafka-avro-console-consumer prints it (fields in name
 order, a union of null and a primitive type as its plain value, other unions
 as {"<type>": value}, bytes as code points 0-255, timestamps and dates in RFC
 3339), which ferry produce reads back; for Protobuf, protojson's mapping. A
-value over large.message.consumer.poll.max.bytes is not decoded (an error).`,
+value over large.message.consumer.poll.max.bytes is not decoded (an error).
+With -X value.deserializers=bytes (no large-message stage) an offloaded
+value is written as it was fetched, its reference, as kafka-console-consumer
+shows it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.fromBeginningSet = cmd.Flags().Changed("from-beginning")
@@ -161,6 +164,8 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		de:  s.cfg.NewDeserializer(store),
 		out: f.out, stdout: a.stdout,
 		commit: g.id != "" && g.commit,
+
+		resolveValue: s.cfg.ValueDeserializers.LargeMessage(),
 	}
 	if !s.cfg.ValueDeserializers.PassesBytes() {
 		c.valueDe, c.decodeMax = s.cfg.ValueDeserializers, s.cfg.PollMaxBytes
@@ -210,6 +215,9 @@ type consumer struct {
 	// are written as they are.
 	valueDe   *serde.Chain
 	decodeMax int64
+	// resolveValue: value.deserializers has the large-message stage, so an
+	// offloaded value is written resolved (else as its reference).
+	resolveValue bool
 
 	last    *kgo.Record     // the last record written out
 	partial bool            // a value was cut short on standard output
@@ -323,7 +331,9 @@ func (c *consumer) one(ctx context.Context, r *kgo.Record) error {
 		return err
 	}
 	defer rc.Close()
-	offloaded := largemessage.IsOffloaded(r)
+	// value.deserializers without large-message hands the reference out
+	// as fetched (c.de.OpenValue): the value is written as it is.
+	offloaded := largemessage.IsOffloaded(r) && c.resolveValue
 	if c.valueDe != nil {
 		if rc, err = c.decode(ctx, r, rc); err != nil {
 			return err
