@@ -951,9 +951,10 @@ func TestEncryptedPayloadAllowPlaintext(t *testing.T) {
 
 // A sealed object altered at rest, fetched through the proxy's
 // large-message interceptor with encryption: the records before it come
-// back, its partition then fails with KAFKA_STORAGE_ERROR (retriable: the
-// consumer fetches it again), and no consumer ever sees it with other
-// bytes or as a reference.
+// back, its partition then fails with CORRUPT_MESSAGE (the bytes will never
+// authenticate: the Java consumer throws naming the offset, franz-go
+// fetches it again), and no consumer ever sees it with other bytes or as a
+// reference.
 func TestEncryptedPayloadTamperProxy(t *testing.T) {
 	brokers(t)
 	key := storetest.KMSKeyURL(t, "")
@@ -970,7 +971,7 @@ func TestEncryptedPayloadTamperProxy(t *testing.T) {
 		var n float64
 		for line := range strings.Lines(rec.Body.String()) {
 			if strings.HasPrefix(line, "ferry_interceptor_rejections_total{") && strings.Contains(line, `direction="fetch"`) &&
-				strings.Contains(line, `reason="KAFKA_STORAGE_ERROR"`) && strings.Contains(line, `topic="`+topic+`"`) {
+				strings.Contains(line, `reason="CORRUPT_MESSAGE"`) && strings.Contains(line, `topic="`+topic+`"`) {
 				var v float64
 				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
 				n += v
@@ -1002,8 +1003,8 @@ func TestEncryptedPayloadTamperProxy(t *testing.T) {
 
 	cl := viaClient(t, via, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxBytes(64<<20), kgo.MetadataMinAge(250*time.Millisecond))
-	// franz-go retries KAFKA_STORAGE_ERROR without telling: the proxy's
-	// metrics show the failed fetches.
+	// franz-go retries CORRUPT_MESSAGE without telling (kerr counts it
+	// retriable): the proxy's metrics show the failed fetches.
 	deadline := time.Now().Add(30 * time.Second)
 	var got []*kgo.Record
 	for failed() < 2 {
@@ -1014,7 +1015,7 @@ func TestEncryptedPayloadTamperProxy(t *testing.T) {
 		fs := cl.PollFetches(ctx)
 		cancel()
 		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kerr.KafkaStorageError) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, kerr.CorruptMessage) {
 				t.Fatalf("fetch error %v", err)
 			}
 		})
@@ -1023,5 +1024,5 @@ func TestEncryptedPayloadTamperProxy(t *testing.T) {
 	if len(got) != 1 || got[0].Offset != 0 || !bytes.Equal(got[0].Value, values[0]) || len(got[0].Headers) != 0 {
 		t.Fatalf("records through the proxy: %d (want the intact one at offset 0 only)", len(got))
 	}
-	t.Logf("the intact record came back, then %v fetches of the altered one failed with KAFKA_STORAGE_ERROR", failed())
+	t.Logf("the intact record came back, then %v fetches of the altered one failed with CORRUPT_MESSAGE", failed())
 }

@@ -15,7 +15,9 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -285,4 +287,71 @@ func encHeader(r *kgo.Record, name string) ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// A record carrying the ferry.encrypted marker over bytes never sealed (a
+// client wrote it while no encrypt interceptor covered its topic, or wrote
+// it to the broker directly), between two records sealed through the proxy:
+// reading through the proxy, Kafka's Java console consumer prints the
+// record before it and then stops as it stops on a corrupt record, naming
+// the partition and offset (the proxy answers CORRUPT_MESSAGE: the bytes
+// will never open), where with KAFKA_STORAGE_ERROR it waited for ever
+// without a word; kcat prints the record before it and reports "Broker:
+// Invalid message" (librdkafka's name for code 2); franz-go, which retries
+// CORRUPT_MESSAGE, gets the record before it and nothing else.
+func TestEncryptForgedMarkerSurfacesToConsumer(t *testing.T) {
+	kafkaToolsCP(t)
+	kcatPath(t)
+	topic := clientTopic(t, 1, nil)
+	via := interceptorProxy(t, 0, encryptSpec(topic, encryptKeyURL(t)))
+	sealed := viaClient(t, via, kgo.DefaultProduceTopic(topic))
+	direct := client(t, kgo.DefaultProduceTopic(topic))
+	for i, rec := range []struct {
+		cl     *kgo.Client
+		value  string
+		marker bool
+	}{{sealed, "sealed 0", false}, {direct, "forged 1", true}, {sealed, "sealed 2", false}} {
+		r := &kgo.Record{Key: fmt.Appendf(nil, "k%d", i), Value: []byte(rec.value)}
+		if rec.marker {
+			r.Headers = []kgo.RecordHeader{{Key: interceptor.HeaderEncrypted, Value: []byte("value")}}
+		}
+		if err := rec.cl.ProduceSync(ctxT(t, 30*time.Second), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	a := append([]string{"--bootstrap-server", via, "--topic", topic, "--from-beginning", "--max-messages", "3", "--timeout-ms", "30000"}, javaConsumerArgs...)
+	out, errOut, err := runClientErr(nil, "java", javaArgs(t, javaConsoleConsumer, a...)...)
+	recs, perr := parseJavaConsole(out)
+	// The console consumer ends on the error, its exit status 0 all the same.
+	if perr != nil || len(recs) != 1 || string(recs[0].Value) != "sealed 0" {
+		t.Fatalf("console consumer: exit %v, %d records (%v); want the record before the forged one, then an error\nstdout:\n%s\nstderr:\n%s",
+			err, len(recs), perr, tail(out), tail(errOut))
+	}
+	if want := fmt.Sprintf("Encountered corrupt message when fetching offset 1 for topic-partition %s-0", topic); !bytes.Contains(errOut, []byte(want)) {
+		t.Fatalf("console consumer stderr lacks %q:\n%s", want, tail(errOut))
+	}
+
+	// kcat (librdkafka) prints the record before it and reports the error,
+	// then fetches again after its backoff; it is stopped after 5 s.
+	kctx, kcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer kcancel()
+	kc := exec.CommandContext(kctx, kcatPath(t), "-C", "-b", via, "-t", topic, "-o", "beginning", "-f", "%o %s\n")
+	var kout, kerrOut bytes.Buffer
+	kc.Stdout, kc.Stderr = &kout, &kerrOut
+	_ = kc.Run()
+	if kout.String() != "0 sealed 0\n" || !strings.Contains(kerrOut.String(), "Broker: Invalid message") {
+		t.Fatalf("kcat: stdout %q, stderr:\n%s\nwant the record before the forged one, then a Broker: Invalid message error", kout.String(), tail(kerrOut.Bytes()))
+	}
+
+	cl := viaClient(t, via, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	var got []*kgo.Record
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		got = append(got, cl.PollFetches(ctx).Records()...)
+	}
+	if len(got) != 1 || string(got[0].Value) != "sealed 0" {
+		t.Fatalf("franz-go through the proxy: %d records, want the one before the forged record", len(got))
+	}
 }

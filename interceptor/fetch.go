@@ -5,13 +5,48 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/ferrykit/ferry/observe"
 	"slices"
 	"sort"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ferrykit/ferry/envelope"
+	"github.com/ferrykit/ferry/largemessage"
+	"github.com/ferrykit/ferry/observe"
 )
+
+// corruptRecord lists the errors of a fetched record that no retry and no
+// configuration can make readable, because its own bytes are at fault: a
+// sealed field that does not authenticate or parse, a marker over bytes
+// never sealed, a reference that does not decode, a payload whose SHA-256
+// is not the record's. Such a record was altered, or written by a client
+// while no interceptor covered its topic (a forged marker or reference).
+var corruptRecord = []error{envelope.ErrAuthentication, envelope.ErrFormat, envelope.ErrNotSealed,
+	largemessage.ErrCorruptReference, largemessage.ErrDigestMismatch}
+
+// fetchCode is the error code a fetch interceptor's error gives the
+// partition: the Kafka error it wraps, if any; CORRUPT_MESSAGE for a
+// corrupt record (corruptRecord), as a broker answers a record batch that
+// fails its checks: the Java consumer then throws to the application
+// naming the partition and offset ("Encountered corrupt message when
+// fetching offset"), which can seek past it, and librdkafka reports it as
+// a consumer error; a retry would fail the same way for good. Else
+// KAFKA_STORAGE_ERROR (retriable): a store or KMS outage, a missing
+// payload or a key not configured, which pass once the dependency or the
+// configuration is fixed, so the consumer fetches the record again.
+func fetchCode(err error) int16 {
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		return ke.Code
+	}
+	for _, c := range corruptRecord {
+		if errors.Is(err, c) {
+			return kerr.CorruptMessage.Code
+		}
+	}
+	return kerr.KafkaStorageError.Code
+}
 
 // FetchPartitionResult is a partition whose records an interceptor could
 // not process.
@@ -420,7 +455,7 @@ func (c *Chain) fetchPartition(ctx context.Context, w *watch, led *ledger, fp *f
 			case !copied:
 				r.out = fp.set[:passed:passed]
 			}
-			r.changed, r.code, r.err = true, codeOf(err, kerr.KafkaStorageError.Code), err
+			r.changed, r.code, r.err = true, fetchCode(err), err
 			return r
 		}
 		if cut {

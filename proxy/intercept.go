@@ -605,7 +605,12 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 			// A consumer retries a failed partition at once: log it once
 			// per partition every logEvery, not on every fetch.
 			if c.s.ic.shouldLog(topic, p.Partition) {
-				c.log.Warn("fetch interceptor failed a partition; the consumer will retry it (logged once per minute)", "topic", topic, "partition", p.Partition, "error_code", p.ErrorCode, "partial", p.Partial, "err", p.Err)
+				msg := "fetch interceptor failed a partition; the consumer will retry it (logged once per minute)"
+				if p.ErrorCode == kerr.CorruptMessage.Code {
+					// interceptor.fetchCode: the record will never open.
+					msg = "fetch interceptor found a corrupt record; the partition is answered CORRUPT_MESSAGE from it on (Java consumers raise it, naming the offset; logged once per minute)"
+				}
+				c.log.Warn(msg, "topic", topic, "partition", p.Partition, "error_code", p.ErrorCode, "partial", p.Partial, "err", p.Err)
 			}
 		}
 		if len(out.Failed) > 0 {
