@@ -262,13 +262,18 @@ func Names() []string {
 	return out
 }
 
-// New builds the interceptor registered as name with config.
+// New builds the interceptor registered as name with config. A key its
+// configuration may not hold (RegisterKeys) is an error naming it.
 func New(ctx context.Context, name string, config map[string]string) (Instance, error) {
 	regMu.RLock()
 	f, ok := registry[name]
+	kerr := checkKeys(name, config)
 	regMu.RUnlock()
 	if !ok {
 		return Instance{}, fmt.Errorf("interceptor %q is not registered (known: %v)", name, Names())
+	}
+	if kerr != nil {
+		return Instance{}, fmt.Errorf("interceptor %s: %w", name, kerr)
 	}
 	in, err := f(ctx, config)
 	if err != nil {

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferrykit/ferry/interceptor"
 )
 
 // A SASL password or user name that YAML reads as a number or a boolean
@@ -26,6 +29,48 @@ func TestLoadConfigFileSASLSecretNotString(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "upstream.sasl.password") || !strings.Contains(err.Error(), "quote") || strings.Contains(err.Error(), v) {
 			t.Errorf("password: %s: error %q does not name the key and ask for quotes", v, err)
+		}
+	}
+}
+
+// A misspelled key in an interceptor's config map of the YAML file is
+// refused when the chain is built (at start and on reload), naming the key
+// meant: validate.json.schema.fle left validate-json without its schema
+// (every record valid) and large.message.treshold.bytes large-message at
+// its default threshold, without a word. A key in an interceptor's
+// namespace that none reads is refused too, listing that namespace's keys.
+func TestInterceptorConfigKeyTypoRefused(t *testing.T) {
+	schema := filepath.Join(t.TempDir(), "schema.json")
+	if err := os.WriteFile(schema, []byte(`{"type":"object","required":["id"]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, key, want string }{
+		{"validate-json", "validate.json.schema.fle: " + schema, `unknown key "validate.json.schema.fle" (did you mean validate.json.schema.file?)`},
+		{"large-message", "large.message.treshold.bytes: 1000", `unknown key "large.message.treshold.bytes" (did you mean large.message.threshold.bytes?)`},
+		{"redact", "redact.field.names: ssn", `unknown key "redact.field.names" (the redact.* keys are`},
+		{"validate-json", "validate.json.schema.file: " + schema, ""},
+	} {
+		path := filepath.Join(t.TempDir(), "proxy.yaml")
+		body := "upstream: 127.0.0.1:9092\nlisten: 127.0.0.1:0\ninterceptors:\n  - name: " + c.name + "\n    config:\n      topic.pattern: orders\n      " + c.key + "\n"
+		if c.name == "large-message" {
+			body += "      large.message.payload.store.url: mem://typo\n"
+		}
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := LoadConfigFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := interceptor.Build(context.Background(), cfg.Interceptors, interceptor.Options{})
+		if ch != nil {
+			ch.Close()
+		}
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: %v", c.key, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "interceptors[0]")):
+			t.Errorf("%s: %v, want an error at interceptors[0] saying %s", c.key, err, c.want)
 		}
 	}
 }

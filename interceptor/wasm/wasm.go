@@ -23,7 +23,11 @@ import (
 // Name is the interceptor's registered name.
 const Name = "wasm"
 
-func init() { interceptor.Register(Name, New) }
+func init() {
+	interceptor.Register(Name, New)
+	interceptor.RegisterKeys(Name, interceptor.KeySet{Keys: append(Keys(), interceptor.KeyTopicPattern, interceptor.KeyTimeout),
+		Prefixes: []string{KeyConfigPrefix}, Namespaces: []string{"wasm."}})
+}
 
 // ErrRejected is wrapped by the error of a record the module rejected
 // (action REJECT); its message is the module's reason.

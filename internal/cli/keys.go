@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/ferrykit/ferry/interceptor"
-	"github.com/ferrykit/ferry/interceptor/wasm" // registers the wasm interceptor
+	_ "github.com/ferrykit/ferry/interceptor/wasm" // registers the wasm interceptor and its keys
 	"github.com/ferrykit/ferry/internal/kafkaconf"
 	"github.com/ferrykit/ferry/internal/schemareg"
 	"github.com/ferrykit/ferry/internal/suggest"
@@ -34,11 +34,8 @@ func clientKeys() []string {
 // interceptorKeys are the properties the proxy's built-in interceptors read
 // (ferry proxy --interceptors NAME with -X).
 func interceptorKeys() []string {
-	return slices.Concat(interceptor.Keys(), largemessage.Keys(), wasm.Keys(), []string{
-		"key.serializers", "value.serializers", "key.deserializers", "value.deserializers",
-		largemessage.KeyMaxBlock, largemessage.KeyMaxPollInterval, largemessage.KeyCompressionType,
-		"compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
-	})
+	keys, _ := interceptor.KnownKeys() // the built-ins' and wasm's (interceptor.RegisterKeys)
+	return keys
 }
 
 // kafkaKeysNearOurs are Kafka client properties that are a typo's distance

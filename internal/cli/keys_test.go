@@ -34,6 +34,12 @@ func TestKafkaKeysAreNotTypos(t *testing.T) {
 				t.Errorf("%s: Kafka's %s is taken for a typo: %v", name, k, err)
 			}
 		}
+		// ferry proxy -X, with and without interceptors: a warning.
+		for _, ic := range []bool{false, true} {
+			if _, _, err := proxyProperties(map[string]string{k: "1"}, ic); err != nil && !slices.Contains(interceptorKeys(), k) && !slices.Contains(proxy.ConfigKeys(), k) {
+				t.Errorf("ferry proxy -X %s (interceptors %v): %v", k, ic, err)
+			}
+		}
 	}
 	if n < 150 {
 		t.Fatalf("read %d keys", n)
@@ -59,6 +65,18 @@ func TestMisspelledKeys(t *testing.T) {
 	}
 	if err := misspelledKey("validate.json.schema.flie", interceptorKeys()); err == nil {
 		t.Error("proxy: validate.json.schema.flie not taken for a typo")
+	}
+	// ferry proxy -X: a key in an interceptor's namespace that none reads
+	// is a typo too, however far from the key meant.
+	for k, want := range map[string]string{
+		"validate.json.schema.path": "the validate.json.* keys are validate.json.schema, validate.json.schema.file",
+		"encrypt.key.urls":          "did you mean encrypt.key.url?",
+		"redact.field.names":        "the redact.* keys are",
+	} {
+		_, _, err := proxyProperties(map[string]string{k: "x"}, true)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ferry proxy -X %s: %v, want an error saying %q", k, err, want)
+		}
 	}
 	for _, k := range []string{"linger.ms", "acks", "my.own.setting", "security.protocol"} {
 		if err := misspelledKey(k, clientKeys()); err != nil {

@@ -302,8 +302,7 @@ func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[st
 			return nil, nil, usageErrorf("-X interceptors: name them with --interceptors, or list them in the --config file")
 		case slices.Contains(proxyKeys, k):
 			own[k] = p[k]
-		case slices.Contains(icKeys, k) || strings.HasPrefix(k, "compression.") && strings.HasSuffix(k, ".level") ||
-			strings.HasPrefix(k, wasm.KeyConfigPrefix) || strings.HasPrefix(k, interceptor.KeyValidateSchemaRulePrefix):
+		case slices.Contains(icKeys, k) || strings.HasPrefix(k, wasm.KeyConfigPrefix) || strings.HasPrefix(k, interceptor.KeyValidateSchemaRulePrefix):
 			if !interceptorsFlag {
 				return nil, nil, usageErrorf("-X %s configures the interceptors --interceptors names, and none is named: "+
 					"add --interceptors NAME, or set it in the config map of an interceptor of the --config file", k)
@@ -318,6 +317,12 @@ func proxyProperties(p map[string]string, interceptorsFlag bool) (own, ic map[st
 		default:
 			if err := misspelledKey(k, slices.Concat(proxyKeys, icKeys)); err != nil {
 				return nil, nil, err
+			}
+			if ours, err := interceptor.CheckKey(k); ours && !slices.Contains(kafkaKeysNearOurs, k) {
+				// In an interceptor's namespace (validate.json.schema.path
+				// beside validate.json.schema.file): a typo that would
+				// leave the interceptor at its default.
+				return nil, nil, usageErrorf("-X %s: %v", k, err)
 			}
 			slog.Warn("property not read by ferry proxy; ignored", "key", k)
 		}
