@@ -78,6 +78,12 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 	if err := a.applyStoreURL(p, storeFlag); err != nil {
 		return nil, err
 	}
+	if u := p[largemessage.KeyStoreURL]; strings.HasPrefix(strings.ToLower(u), "mem://") {
+		// The store lives in this process: a record produced with it
+		// would reference a payload gone when ferry exits.
+		return nil, usageErrorf("payload store %s lives in this process's memory and is gone when ferry exits (for the Go library and tests): "+
+			"produce, consume and gc need one that outlives them, a directory or file:///DIR, s3://, gs:// or azblob://", u)
+	}
 	s := &settings{props: p}
 	if err := warnIgnored(p); err != nil {
 		return nil, err

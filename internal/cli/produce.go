@@ -45,7 +45,8 @@ and spooled to a temporary file beyond it.
 --store (or large.message.payload.store.url) names the payload store, e.g.
 file:///var/ferry or a directory path; it is needed only when a record must
 be offloaded. It is a URL (s3://BUCKET/PREFIX, gs://, azblob://,
-file:///DIR, mem://) or a directory path; "s3:/bucket" or "file:dir" are
+file:///DIR; not mem://, gone when ferry exits) or a directory path;
+"s3:/bucket" or "file:dir" are
 refused, not taken as folders. One line per record goes to standard output:
   TOPIC/PARTITION@OFFSET SIZE bytes inline
   TOPIC/PARTITION@OFFSET SIZE bytes offloaded FULL-PAYLOAD-PATH
