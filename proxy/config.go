@@ -521,6 +521,9 @@ func LoadConfig(path string, overrides map[string]string) (Config, error) {
 	if path != "" {
 		source = "config file " + path
 		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			if looksLikeProperties(path) {
+				return Config{}, fmt.Errorf("%s is not YAML: it reads as Kafka-style properties (key=value), but the proxy's configuration is YAML, key: value, with the keys of docs/PROXY.md (%w)", source, err)
+			}
 			return Config{}, fmt.Errorf("%s: %w", source, err)
 		}
 	}
@@ -536,6 +539,30 @@ func LoadConfig(path string, overrides map[string]string) (Config, error) {
 		}
 	}
 	return parseConfig(k, source)
+}
+
+// looksLikeProperties reports whether the file at path has a key=value
+// line (Java properties, client.properties) and no key: value one.
+func looksLikeProperties(path string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	props := false
+	for line := range strings.Lines(string(b)) {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || line[0] == '!' {
+			continue
+		}
+		eq, colon := strings.IndexByte(line, '='), strings.IndexByte(line, ':')
+		switch {
+		case colon >= 0 && (eq < 0 || colon < eq):
+			return false
+		case eq > 0:
+			props = true
+		}
+	}
+	return props
 }
 
 // parseConfig reads a Config from k; errors are prefixed with source.

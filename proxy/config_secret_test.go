@@ -74,3 +74,17 @@ func TestInterceptorConfigKeyTypoRefused(t *testing.T) {
 		}
 	}
 }
+
+// A Kafka client.properties file given to the proxy as its --config says
+// that the proxy's file is YAML, not a YAML parser's "cannot unmarshal
+// !!str" (found by a new-user helper).
+func TestLoadConfigFilePropertiesSaysYAML(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "client.properties")
+	if err := os.WriteFile(path, []byte("# client\nbootstrap.servers=localhost:9092\nsecurity.protocol=PLAINTEXT\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfigFile(path)
+	if err == nil || !strings.Contains(err.Error(), "is not YAML: it reads as Kafka-style properties") {
+		t.Fatalf("LoadConfigFile(client.properties): %v, want an error saying the file is properties, not YAML", err)
+	}
+}

@@ -180,7 +180,7 @@ signal stops it (it drains its connections first).`,
 	}
 	root.SetHelpCommand(helpCommand(root))
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.configFile, "config", "", "Kafka-style properties `FILE` (e.g. client.properties)")
+	pf.StringVar(&a.configFile, "config", "", "Kafka-style properties `FILE` (e.g. client.properties; ferry proxy's is YAML)")
 	pf.StringArrayVarP(&a.overrides, "property", "X", nil, "set a property, `key=value`; repeatable, overrides --config")
 	pf.StringVar(&a.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn or error (ferry proxy: its own, default info)")
 	root.SetFlagErrorFunc(flagError)
