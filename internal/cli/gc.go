@@ -136,10 +136,18 @@ func (a *app) gc(ctx context.Context, f gcFlags) error {
 		)
 		defer bar.Finish()
 	}
+	settling := false
 	sum, err := lifecycle.Collect(ctx, cl, store, lifecycle.Options{
 		Topic: f.topic, Grace: f.grace, GraceSet: true, Settle: f.settle, SettleSet: true, Mode: mode, DryRun: f.dryRun, Mirrors: f.mirrors,
 		Progress: func(p lifecycle.Progress) {
 			if bar == nil {
+				if p.Phase == "settle" && !settling {
+					// Without a terminal nothing else would be written
+					// for the whole --settle (10 minutes by default).
+					settling = true
+					fmt.Fprintf(a.stderr, "gc: %d objects quarantined; waiting --settle %s before rechecking the records appended meanwhile (at %s)\n",
+						p.Quarantined, f.settle, time.Now().Add(f.settle).Format(time.TimeOnly))
+				}
 				return
 			}
 			switch p.Phase {

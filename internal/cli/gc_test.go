@@ -47,6 +47,11 @@ func TestGCOutput(t *testing.T) {
 	if r.code != ExitOK {
 		t.Fatalf("gc: exit %d", r.code)
 	}
+	// Without a terminal (no progress bar) the settle wait is logged: with
+	// the default 10m, nothing else is written for as long.
+	if !strings.Contains(r.stderr, "gc: 1 objects quarantined; waiting --settle 0s before rechecking") {
+		t.Errorf("stderr lacks the settle wait: %s", r.stderr)
+	}
 	for _, want := range []string{
 		"deleted " + orphan.FullPayloadPath + " (6 bytes)\n",
 		"topic t (cleanup.policy=delete): mode full, 1 records read, 1 live references, 0 appended records rechecked\n",
