@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -32,6 +33,8 @@ import (
 	"gocloud.dev/blob/gcsblob"
 	"gocloud.dev/blob/s3blob"
 	"google.golang.org/api/googleapi"
+
+	"github.com/ferrykit/ferry/internal/suggest"
 )
 
 func init() {
@@ -142,7 +145,7 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, s
 	}
 	cfg, err := gcaws.V2ConfigFromURLParams(ctx, q)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, 0, withParamHint(err, q)
 	}
 	// The SDK logs to stderr by default (e.g. "falling back to IMDSv1"
 	// while looking for credentials); Ferry reports errors itself.
@@ -159,6 +162,28 @@ func openS3Bucket(ctx context.Context, bucket string, q url.Values, conns int, s
 	opts.RequestChecksumCalculation = cfg.RequestChecksumCalculation
 	b, err := s3blob.OpenBucket(ctx, client, bucket, &opts)
 	return b, client, cfg.RequestChecksumCalculation, err
+}
+
+// s3Params are the query parameters of an s3:// store URL: Ferry's
+// (openS3Bucket) and gocloud.dev's (aws.V2ConfigFromURLParams, v0.49).
+var s3Params = []string{"use_path_style", "s3ForcePathStyle", "disable_https", "accelerate", "ssetype", "kmskeyid",
+	"region", "endpoint", "profile", "hostname_immutable", "dualstack", "fips", "rate_limiter_capacity", "anonymous",
+	"role", "role_session_name", "role_external_id", "role_duration", "web_identity_token_file",
+	"request_checksum_calculation", "response_checksum_validation", "awssdk"}
+
+// withParamHint adds to gocloud.dev's "unknown query parameter" error the
+// parameters the unknown one of q is near (use_path_stye: use_path_style),
+// as the CLI names the key a misspelled property is near.
+func withParamHint(err error, q url.Values) error {
+	for p := range q {
+		if slices.Contains(s3Params, p) {
+			continue
+		}
+		if near := suggest.Nearest(p, s3Params, false); len(near) > 0 {
+			return fmt.Errorf("%w (did you mean %s?)", err, suggest.OrList(near))
+		}
+	}
+	return err
 }
 
 // s3Uploads are the S3 calls of a BlobStore that gocloud.dev's bucket

@@ -73,3 +73,18 @@ func TestCloudFullPathHasNoQueryOrSecrets(t *testing.T) {
 		})
 	}
 }
+
+// A misspelled query parameter of an s3:// store URL is refused naming the
+// parameter it is near, as a misspelled property is (gocloud.dev's error
+// alone said only "unknown query parameter").
+func TestS3URLParamTypoSuggests(t *testing.T) {
+	for typo, want := range map[string]string{"use_path_stye": "use_path_style", "regin": "region", "endpont": "endpoint"} {
+		st, err := payloadstore.Open(context.Background(), "s3://bucket/p?"+typo+"=x", payloadstore.Options{})
+		if err == nil {
+			st.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), "(did you mean "+want+"?)") {
+			t.Errorf("%s: %v, want a suggestion of %s", typo, err, want)
+		}
+	}
+}
