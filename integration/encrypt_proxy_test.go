@@ -298,7 +298,9 @@ func encHeader(r *kgo.Record, name string) ([]byte, bool) {
 // will never open), where with KAFKA_STORAGE_ERROR it waited for ever
 // without a word; kcat prints the record before it and reports "Broker:
 // Invalid message" (librdkafka's name for code 2); franz-go, which retries
-// CORRUPT_MESSAGE, gets the record before it and nothing else.
+// CORRUPT_MESSAGE, gets the record before it and nothing else; ferry
+// consume (with kgo.KeepRetryableFetchErrors) stops with an error naming
+// the offset.
 func TestEncryptForgedMarkerSurfacesToConsumer(t *testing.T) {
 	kafkaToolsCP(t)
 	kcatPath(t)
@@ -353,5 +355,12 @@ func TestEncryptForgedMarkerSurfacesToConsumer(t *testing.T) {
 	}
 	if len(got) != 1 || string(got[0].Value) != "sealed 0" {
 		t.Fatalf("franz-go through the proxy: %d records, want the one before the forged record", len(got))
+	}
+
+	// ferry consume stops at it with an error naming the offset, as the
+	// console consumer does, where it waited for its --timeout and exited 0.
+	code, stdout, stderr := runCLI(t, "consume", "--brokers", via, "-t", topic, "-n", "3", "--timeout", "20s")
+	if code != 1 || stdout != "sealed 0" || !strings.Contains(stderr, fmt.Sprintf("topic %s partition 0 at offset 1: CORRUPT_MESSAGE", topic)) {
+		t.Fatalf("ferry consume: exit %d, stdout %q, stderr %q; want exit 1 after the record before the forged one, naming offset 1", code, stdout, stderr)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -75,7 +76,9 @@ records were written.
 A record that cannot be resolved (payload missing, digest mismatch, store
 unreachable) stops ferry with an error naming its topic, partition and
 offset, unless large.message.skip.not.found.error=true and the payload is
-missing: then it is reported as a warning and skipped.
+missing: then it is reported as a warning and skipped. Through a ferry
+proxy, a record that will never be readable (CORRUPT_MESSAGE) stops it too,
+as it stops kafka-console-consumer.
 
 With --group GROUP, ferry joins the consumer group GROUP (franz-go's group
 consumer; partition.assignment.strategy, default cooperative-sticky) and
@@ -150,7 +153,11 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		return err
 	}
 	s.readOnly = true
-	opts := append([]kgo.Opt{kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start)}, g.opts...)
+	// Retriable fetch errors are kept (franz-go strips them) so that
+	// CORRUPT_MESSAGE, which a ferry proxy answers for a record that will
+	// never open, stops ferry as it stops Kafka's console consumer; the
+	// others are retried as before (run).
+	opts := append([]kgo.Opt{kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start), kgo.KeepRetryableFetchErrors()}, g.opts...)
 	store, cl, closeAll, err := s.open(ctx, opts...)
 	if err != nil {
 		return err
@@ -166,6 +173,7 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		commit: g.id != "" && g.commit,
 
 		resolveValue: s.cfg.ValueDeserializers.LargeMessage(),
+		next:         map[string]int64{},
 	}
 	if !s.cfg.ValueDeserializers.PassesBytes() {
 		c.valueDe, c.decodeMax = s.cfg.ValueDeserializers, s.cfg.PollMaxBytes
@@ -223,6 +231,9 @@ type consumer struct {
 	partial bool            // a value was cut short on standard output
 	written map[string]bool // the names written under out in this run (outputName)
 	sealed  bool            // a record sealed by a proxy's encrypt was met (warned once)
+	// next is the offset after the last record written, per partition
+	// (fetchWhere), for a fetch error's message.
+	next map[string]int64
 }
 
 // stopped is the error of a consume interrupted (ctx ended) after done
@@ -262,8 +273,20 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 		}
 		var ferr error
 		fs.EachError(func(t string, p int32, err error) {
+			var ke *kerr.Error
+			if errors.As(err, &ke) && ke.Retriable && ke != kerr.CorruptMessage {
+				return // franz-go retries it (KeepRetryableFetchErrors only shows it)
+			}
 			if ferr == nil && !(timedOut && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled))) {
 				ferr = fmt.Errorf("fetching %s: %w", fetchWhere(t, p), err)
+				if errors.Is(err, kerr.CorruptMessage) {
+					at := ""
+					if n, ok := c.next[fetchWhere(t, p)]; ok {
+						at = fmt.Sprintf(" at offset %d", n)
+					}
+					ferr = fmt.Errorf("fetching %s%s: %w (a ferry proxy answers it for a record that will never be readable: its log names the record and why)",
+						fetchWhere(t, p), at, err)
+				}
 				if strings.Contains(err.Error(), "response exceeds BrokerMaxReadBytes") {
 					// (franz-go's error is not exported; TestCLIConsumeReceiveMaxBytes checks the text.)
 					ferr = fmt.Errorf("%w (a fetch response is larger than %s; a ferry proxy returns a resolved record whole in one response: raise it with -X %s=BYTES, at most 1073741824, and at least fetch.max.bytes)", ferr, keyReceiveMaxBytes, keyReceiveMaxBytes)
@@ -285,6 +308,7 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 				c.cl.MarkCommitRecords(r)
 			}
 			c.last = r
+			c.next[fetchWhere(r.Topic, r.Partition)] = r.Offset + 1
 			done++
 		}
 		// The records polled are written: the group may rebalance
