@@ -185,6 +185,18 @@ func (c *conn) drain() {
 	_ = c.client.SetReadDeadline(time.Now())
 }
 
+// setReadDeadline sets the client's read deadline to t, unless Shutdown
+// is draining: its deadline in the past stays. Set first, draining looked
+// at after: drain sets draining before its deadline, so a drain that comes
+// between the two still has the last word (a look before the set let a
+// drain landing between them be overwritten, and the reader read on).
+func (c *conn) setReadDeadline(t time.Time) {
+	_ = c.client.SetReadDeadline(t)
+	if c.draining.Load() {
+		_ = c.client.SetReadDeadline(time.Now())
+	}
+}
+
 // fail logs why the connection closes, counts it and closes it. A
 // connection already closed (by the other goroutine, the idle reaper,
 // Shutdown) is not counted again: what failed then (a charge to the memory

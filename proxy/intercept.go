@@ -486,9 +486,7 @@ func (c *conn) watchClient(parent context.Context) (context.Context, func()) {
 		// (unless Shutdown is draining: its deadline stays).
 		_ = c.client.SetReadDeadline(time.Now())
 		<-done
-		if !c.draining.Load() {
-			_ = c.client.SetReadDeadline(time.Time{})
-		}
+		c.setReadDeadline(time.Time{})
 	}
 }
 

@@ -129,12 +129,8 @@ func (ps pieces) appendTo(dst, arena []byte) []byte {
 // the streamed values are deleted.
 func (c *conn) readProduce(h RequestHeader, size int32, g *chainGen) ([]byte, func(), *interceptor.Streams, error) {
 	env := produceEnv{ctx: c.ctx, mem: c.s.mem, streamer: g.chain.Streamer, names: c.s.ic.topicName,
-		limits: func(topic string) interceptor.TopicLimit { return c.s.ic.maxMessageBytes([]string{topic})[topic] },
-		deadline: func(t time.Time) {
-			if !c.draining.Load() { // (Shutdown's own deadline stays)
-				_ = c.client.SetReadDeadline(t)
-			}
-		}}
+		limits:   func(topic string) interceptor.TopicLimit { return c.s.ic.maxMessageBytes([]string{topic})[topic] },
+		deadline: c.setReadDeadline}
 	return readProduceFrame(c.cr, h, size, env)
 }
 
