@@ -428,8 +428,15 @@ func (k *Keyring) makeKey(ctx context.Context, scope string, uses int64) (dataKe
 	// every record made one (a KMS call per record).
 	made := k.now()
 	d := &dataKey{key: key, gcm: gcm, wrapped: wrapped, kek: k.current.id, made: made, uses: uses, memo: &aadMemo{}, stale: new(atomic.Bool)}
-	d.expiry = time.AfterFunc(k.cfg.DataKeyMaxAge, func() { d.stale.Store(true) })
 	k.mu.Lock()
+	if k.closed {
+		// Closed during the KMS call: cached now, the key and its expiry
+		// timer would outlive Close by DataKeyMaxAge in a keyring no one
+		// can use.
+		k.mu.Unlock()
+		return dataKey{}, nil, ErrClosed
+	}
+	d.expiry = time.AfterFunc(k.cfg.DataKeyMaxAge, func() { d.stale.Store(true) })
 	if old, ok := k.sealing[scope]; ok {
 		old.retire()
 	} else if len(k.sealing) >= k.cfg.CacheMaxEntries {
@@ -529,7 +536,9 @@ func (k *Keyring) unwrap(ctx context.Context, kk *kek, ck string, wrapped []byte
 			// consumers fetch again and again costs one KMS call per
 			// FailedUnwrapTTL, not one per fetch.
 			k.mu.Lock()
-			k.putOpened(ck, &openedKey{err: kerr, made: now})
+			if !k.closed {
+				k.putOpened(ck, &openedKey{err: kerr, made: now})
+			}
 			k.mu.Unlock()
 		}
 		return nil, kerr
@@ -545,6 +554,12 @@ func (k *Keyring) unwrap(ctx context.Context, kk *kek, ck string, wrapped []byte
 	// call, a KMS slower than DataKeyMaxAge was asked again per record.
 	o := &openedKey{key: key, gcm: gcm, made: k.now(), id: kk.id, wrapped: bytes.Clone(wrapped)}
 	k.mu.Lock()
+	if k.closed {
+		// Closed during the KMS call: not cached (and no expiry timer
+		// armed) in a keyring Close has cleared, as makeKey.
+		k.mu.Unlock()
+		return nil, ErrClosed
+	}
 	k.putOpened(ck, o)
 	k.mu.Unlock()
 	return o, nil
