@@ -167,8 +167,16 @@ func (e segmentSealer) EncryptSegmentWithDst(dst, segment, nonce []byte) ([]byte
 // Errors: ErrNotSealed (r does not start with Magic), ErrFormat,
 // ErrUnknownKey, ErrKMS (a *KMSError), ErrAuthentication, or r's own.
 func (k *Keyring) OpenStream(ctx context.Context, r io.Reader, a PayloadAAD) (io.Reader, error) {
+	// Every read goes through src, which remembers a failure of r itself
+	// (a cut download, a throttled or reset GET): that is r's error, never
+	// ErrFormat or ErrAuthentication, which say the bytes are at fault.
+	src := &countingReader{r: r}
+	r = src
 	fixed := make([]byte, fixedHeaderBytes)
 	if n, err := io.ReadFull(r, fixed); err != nil {
+		if src.err != nil {
+			return nil, src.err
+		}
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 			if IsSealed(fixed[:n]) {
 				return nil, fmt.Errorf("%w: %d bytes, the header alone is %d", ErrFormat, n, fixedHeaderBytes)
@@ -186,6 +194,9 @@ func (k *Keyring) OpenStream(ctx context.Context, r io.Reader, a PayloadAAD) (io
 	}
 	h.wrapped = make([]byte, n)
 	if _, err := io.ReadFull(r, h.wrapped); err != nil {
+		if src.err != nil {
+			return nil, src.err
+		}
 		return nil, fmt.Errorf("%w: wrapped data key cut short: %v", ErrFormat, err)
 	}
 	o, err := k.openKey(ctx, h.kek, h.wrapped)
@@ -197,23 +208,31 @@ func (k *Keyring) OpenStream(ctx context.Context, r io.Reader, a PayloadAAD) (io
 		return nil, fmt.Errorf("%w: %v", ErrFormat, err)
 	}
 	hb := h.appendTo(make([]byte, 0, h.len()))
-	src := &countingReader{r: r}
+	src.n = 0 // counts from the segments' stream (Tink's header)
 	dr, err := t.NewDecryptingReader(src, aad(payloadLabel, hb, a.Topic, a.Key))
 	if err != nil {
+		if src.err != nil {
+			return nil, src.err
+		}
 		return nil, fmt.Errorf("%w: %v", ErrAuthentication, err)
 	}
 	return &authReader{r: dr, src: src}, nil
 }
 
-// countingReader counts the bytes read through it.
+// countingReader counts the bytes read through it and remembers the first
+// error other than io.EOF that its source returned.
 type countingReader struct {
-	r io.Reader
-	n int64
+	r   io.Reader
+	n   int64
+	err error
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if err != nil && err != io.EOF && c.err == nil {
+		c.err = err
+	}
 	return n, err
 }
 
@@ -237,19 +256,19 @@ func (a *authReader) Read(p []byte) (int, error) {
 		err = fmt.Errorf("%w: the object ends after its header, with no segment", ErrAuthentication)
 	}
 	if err != nil && err != io.EOF {
-		if errors.Is(err, io.ErrUnexpectedEOF) || !isIOError(err) {
+		switch {
+		case a.src.err != nil:
+			// The source failed (Tink passed its error on, or took an
+			// io.ErrUnexpectedEOF of the source for the object's end
+			// and failed to authenticate what it had): the source's
+			// failure, which another download may not meet.
+			err = a.src.err
+		default:
 			err = fmt.Errorf("%w: %v", ErrAuthentication, err)
 		}
 		a.err = err
 	}
 	return n, err
-}
-
-// isIOError reports whether err came from the source reader rather than
-// from decryption: errors that are neither Tink's nor a short read.
-func isIOError(err error) bool {
-	var ne interface{ Timeout() bool }
-	return errors.As(err, &ne) || ended(err)
 }
 
 // FixedHeaderBytes is how many bytes of a sealed object PlainSizeOf needs.
