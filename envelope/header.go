@@ -77,7 +77,11 @@ func parseFixed(b []byte) (header, int, error) {
 		return header{}, 0, fmt.Errorf("%w: %d bytes, the header alone is %d", ErrFormat, len(b), fixedHeaderBytes)
 	}
 	if v := b[8]; v != HeaderVersion {
-		return header{}, 0, fmt.Errorf("%w: version %d, this Ferry reads version %d", ErrFormat, v, HeaderVersion)
+		err := ErrFormat
+		if v > HeaderVersion {
+			err = ErrVersion
+		}
+		return header{}, 0, fmt.Errorf("%w: version %d, this Ferry reads version %d", err, v, HeaderVersion)
 	}
 	h := header{alg: b[9], segment: binary.BigEndian.Uint32(b[10:14])}
 	copy(h.kek[:], b[14:22])
@@ -95,7 +99,7 @@ func parseFixed(b []byte) (header, int, error) {
 			return header{}, 0, fmt.Errorf("%w: segment %d in a record header (must be 0)", ErrFormat, h.segment)
 		}
 	default:
-		return header{}, 0, fmt.Errorf("%w: algorithm %d", ErrFormat, h.alg)
+		return header{}, 0, fmt.Errorf("%w: algorithm %d", ErrVersion, h.alg)
 	}
 	return h, n, nil
 }

@@ -62,6 +62,12 @@ var (
 	// an unknown version or algorithm, a length out of bounds, a short
 	// header.
 	ErrFormat = errors.New("malformed encryption header")
+	// ErrVersion: the header is of a later version, or names an algorithm,
+	// that this Ferry does not read (a Ferry upgraded before its readers
+	// sealed it). It wraps ErrFormat; the proxy answers it
+	// KAFKA_STORAGE_ERROR (retriable: readable once the reader is
+	// upgraded), not CORRUPT_MESSAGE.
+	ErrVersion = fmt.Errorf("%w: a later version or algorithm than this Ferry reads", ErrFormat)
 	// ErrNotSealed: the bytes are not sealed (no magic), where sealed bytes
 	// were required.
 	ErrNotSealed = errors.New("not encrypted")

@@ -33,12 +33,18 @@ var corruptRecord = []error{envelope.ErrAuthentication, envelope.ErrFormat, enve
 // fetching offset"), which can seek past it, and librdkafka reports it as
 // a consumer error; a retry would fail the same way for good. Else
 // KAFKA_STORAGE_ERROR (retriable): a store or KMS outage, a missing
-// payload or a key not configured, which pass once the dependency or the
-// configuration is fixed, so the consumer fetches the record again.
+// payload, a key not configured or a format version of a later Ferry
+// (envelope.ErrVersion, largemessage.ErrReferenceVersion), which pass once
+// the dependency, the configuration or this Ferry is fixed, so the
+// consumer fetches the record again.
 func fetchCode(err error) int16 {
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
 		return ke.Code
+	}
+	if errors.Is(err, envelope.ErrVersion) || errors.Is(err, largemessage.ErrReferenceVersion) {
+		// Written by a later Ferry: readable once this one is upgraded.
+		return kerr.KafkaStorageError.Code
 	}
 	for _, c := range corruptRecord {
 		if errors.Is(err, c) {

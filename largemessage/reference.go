@@ -38,6 +38,19 @@ type PayloadReferenceValue struct {
 // valid version-0 PayloadReferenceValue.
 var ErrCorruptReference = errors.New("the value is not a PayloadReferenceValue")
 
+// ErrReferenceVersion: the value's version field is a later
+// PayloadReferenceValue version than this Ferry reads (1 to
+// maxLaterVersion: a Ferry upgraded before its readers wrote it), where a
+// larger or negative one is not a reference at all. It wraps
+// ErrCorruptReference; the proxy answers it KAFKA_STORAGE_ERROR
+// (retriable: readable once the reader is upgraded), not CORRUPT_MESSAGE.
+var ErrReferenceVersion = fmt.Errorf("%w: a later version than this Ferry reads", ErrCorruptReference)
+
+// maxLaterVersion bounds the versions ErrReferenceVersion takes for a
+// later one: value bytes that are no reference (JSON, text) start with a
+// far larger int16.
+const maxLaterVersion = 255
+
 // AppendTo appends the version-0 encoding of r to dst. It fails when a field
 // is longer than a Kafka STRING allows (32767 bytes) or is not UTF-8, or when
 // fullPayloadPath is empty (DecodeReference refuses that too).
@@ -68,6 +81,9 @@ func DecodeReference(b []byte) (PayloadReferenceValue, error) {
 	v := rd.Int16()
 	if !rd.Ok() {
 		return PayloadReferenceValue{}, fmt.Errorf("%w: %d bytes, too short for a version", ErrCorruptReference, len(b))
+	}
+	if v > ReferenceVersion && v <= maxLaterVersion {
+		return PayloadReferenceValue{}, fmt.Errorf("%w: version %d, this Ferry reads version %d", ErrReferenceVersion, v, ReferenceVersion)
 	}
 	if v != ReferenceVersion {
 		return PayloadReferenceValue{}, fmt.Errorf("%w: %d bytes starting %s, not a version-%d reference", ErrCorruptReference, len(b), start(b), ReferenceVersion)
