@@ -160,13 +160,16 @@ func quarantinedIs(ctx context.Context, s PayloadStore, qkey, key string, want *
 	var r io.Reader = rc
 	if enc {
 		if r, err = e.open(ctx, rc, key); err != nil {
-			return false, nil // not sealed under key: not the record's object
+			if notSealedUnder(err) {
+				return false, nil // not the record's object
+			}
+			return false, err // a KMS or store failure: it may be the record's
 		}
 	}
 	h := sha256.New()
 	n, err := io.Copy(h, r)
 	if err != nil {
-		if enc && (errors.Is(err, envelope.ErrAuthentication) || errors.Is(err, envelope.ErrFormat)) {
+		if enc && notSealedUnder(err) {
 			return false, nil
 		}
 		return false, err
@@ -175,6 +178,21 @@ func quarantinedIs(ctx context.Context, s PayloadStore, qkey, key string, want *
 		return true, nil
 	}
 	return (want.Size < 0 || n == want.Size) && [sha256.Size]byte(h.Sum(nil)) == want.SHA256, nil
+}
+
+// notSealedUnder reports whether err, from opening an object as an
+// encrypted store reads it at a key, says the object was not sealed for
+// that key (or not by this store's keys): its bytes are not sealed
+// (ErrPlaintextRefused), do not authenticate or parse, its key is not
+// configured, or the KMS refuses its wrapped key for good. A KMS or store failure that may pass (KMSError.Retryable, a
+// download cut) is not that: the object may still be the record's.
+func notSealedUnder(err error) bool {
+	var ke *envelope.KMSError
+	if errors.As(err, &ke) {
+		return !ke.Retryable
+	}
+	return errors.Is(err, envelope.ErrAuthentication) || errors.Is(err, envelope.ErrFormat) ||
+		errors.Is(err, envelope.ErrNotSealed) || errors.Is(err, envelope.ErrUnknownKey) || errors.Is(err, ErrPlaintextRefused)
 }
 
 // errFound stops a listing.

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/ferrykit/ferry/envelope"
+	"github.com/ferrykit/ferry/internal/faultproxy"
 	"github.com/ferrykit/ferry/internal/storetest"
 	"github.com/ferrykit/ferry/payloadstore"
 )
@@ -321,5 +322,46 @@ func TestConfirmConcurrentContentID(t *testing.T) {
 				_ = ops.Remove(ctx, qkey)
 			}
 		})
+	}
+}
+
+// An encrypted store whose KMS is down when Confirm opens a quarantined
+// copy (a proxy that started after the payload was sealed, so no data key
+// is cached): the copy may be the record's, so Confirm reports the KMS's
+// failure, not ErrPayloadLost (it took the copy for a stranger's and gave
+// the record up); once the KMS answers, the copy comes back.
+func TestConfirmEncryptedQuarantineKMSDown(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	fileStore := func() payloadstore.PayloadStore {
+		s, err := payloadstore.Open(ctx, "file://"+dir, payloadstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	sealer := encrypt(t, fileStore(), envelope.Config{KeyURL: storetest.KMSKeyURL(t, "")}, false)
+	body := []byte("a sealed payload that gc quarantined")
+	resp, err := payloadstore.PublishBytes(ctx, sealer, "orders", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quarantine(t, sealer, resp.FullPayloadPath)
+
+	viaURL, fp := storetest.KMSKeyURLViaFaultProxy(t, "")
+	s := encrypt(t, fileStore(), envelope.Config{KeyURL: viaURL}, false)
+	fp.Set(faultproxy.Down, -1)
+	c, err := payloadstore.Confirm(ctx, s, resp.FullPayloadPath, nil, nil)
+	if err == nil || errors.Is(err, payloadstore.ErrPayloadLost) || !errors.Is(err, envelope.ErrKMS) {
+		t.Fatalf("Confirm with the KMS down: %v %v, want the KMS's error, not ErrPayloadLost", c, err)
+	}
+	fp.Set(faultproxy.Pass, 0)
+	c, err = payloadstore.Confirm(ctx, s, resp.FullPayloadPath, nil, nil)
+	if err != nil || c != payloadstore.RestoredFromQuarantine {
+		t.Fatalf("Confirm with the KMS back: %v %v, want restored from quarantine", c, err)
+	}
+	if got, err := payloadstore.DownloadBytes(ctx, s, resp.FullPayloadPath); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("after the copy back: %q %v", got, err)
 	}
 }
