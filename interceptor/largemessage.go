@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -48,6 +49,72 @@ type LargeMessage struct {
 	store     payloadstore.PayloadStore
 	tr        *observe.Tracer  // nil: not traced
 	m         *observe.Metrics // nil: not counted
+	corrupt   corruptStreams   // streamed values whose payload failed its checks
+}
+
+// corruptStreams remembers, for CorruptStreamTTL, the records whose value
+// was streamed to a client (KeyStreamThreshold) and whose payload, read
+// whole, did not match the record's SHA-256 or CRC-32C header. That is
+// found only once the response is committed, so its connection is cut,
+// with no error the client could show, and the client fetches the record
+// again: the next fetch is answered CORRUPT_MESSAGE instead (fetchCode),
+// before anything is written, as a payload that fails its checks in memory
+// is. At most maxCorruptStreams records are held; the oldest goes first.
+type corruptStreams struct {
+	mu sync.Mutex
+	m  map[corruptKey]corruptEntry
+}
+
+type corruptKey struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+type corruptEntry struct {
+	err error
+	at  time.Time
+}
+
+// CorruptStreamTTL is how long a streamed payload that failed its checks
+// is answered CORRUPT_MESSAGE without being read again (a payload put
+// right in the store meanwhile is read again after it).
+const CorruptStreamTTL = time.Minute
+
+const maxCorruptStreams = 1024
+
+func (c *corruptStreams) add(k corruptKey, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[corruptKey]corruptEntry{}
+	}
+	if len(c.m) >= maxCorruptStreams {
+		var oldest corruptKey
+		first := true
+		for k, e := range c.m {
+			if first || e.at.Before(c.m[oldest].at) {
+				oldest, first = k, false
+			}
+		}
+		delete(c.m, oldest)
+	}
+	c.m[k] = corruptEntry{err: err, at: time.Now()}
+}
+
+// check returns the failure remembered for k, if within CorruptStreamTTL.
+func (c *corruptStreams) check(k corruptKey) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok {
+		return nil
+	}
+	if time.Since(e.at) >= CorruptStreamTTL {
+		delete(c.m, k)
+		return nil
+	}
+	return e.err
 }
 
 // KeyPayloadCacheMax bounds the bytes of the payloads the fetch side keeps
@@ -556,6 +623,12 @@ func (f fetchSide) stream(ctx context.Context, r *Record, kr *kgo.Record) (strea
 		}
 		vr.Headers = kr.Headers
 	}
+	key := corruptKey{r.Topic, r.Partition, r.Offset}
+	if err := f.l.corrupt.check(key); err != nil {
+		ref, _ := largemessage.DecodeReference(vr.Value)
+		return false, &largemessage.RecordError{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Side: "value", Path: ref.FullPayloadPath,
+			Err: fmt.Errorf("%w: when it was last streamed to a client: %v", largemessage.ErrDigestMismatch, err)}
+	}
 	// The download outlives this call (the proxy reads it while writing
 	// the response): its context is ended by the stream's Close.
 	dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -577,7 +650,7 @@ func (f fetchSide) stream(ctx context.Context, r *Record, kr *kgo.Record) (strea
 		stop()
 		return false, nil
 	}
-	s := &valueStream{rc: rc, size: size, crc: crc, stop: stop}
+	s := &valueStream{rc: rc, size: size, crc: crc, stop: stop, corrupt: func(err error) { f.l.corrupt.add(key, err) }}
 	r.led.addCloser(s)
 	f.l.m.Delivered(r.Topic, size+int64(len(kr.Key)))
 	r.Key, r.Value, r.Headers = kr.Key, []byte{}, largemessage.WithoutValueHeaders(kr.Headers)

@@ -55,6 +55,12 @@ type valueStream struct {
 	crc  uint32
 	once sync.Once
 	stop func() // cancels the download's context
+	// corrupt, when set, is told that the payload did not match the
+	// record's size, SHA-256 or CRC-32C header as the store served it
+	// (never for a download that failed): the next fetch of the record is then
+	// answered CORRUPT_MESSAGE before anything is committed
+	// (LargeMessage.corrupt), where it would be cut mid-stream again.
+	corrupt func(error)
 }
 
 func (s *valueStream) Close() error {
@@ -122,6 +128,11 @@ func (h *Hole) Stream(w io.Writer) (int64, error) {
 		if err != nil && !end {
 			var re *largemessage.RecordError
 			if errors.As(err, &re) { // it names the record
+				if (errors.Is(err, largemessage.ErrDigestMismatch) || errors.Is(err, largemessage.ErrSizeMismatch)) && h.s.corrupt != nil {
+					// The store said where the object ends (a failed
+					// download is a download error): not the record's bytes.
+					h.s.corrupt(err)
+				}
 				return written, fmt.Errorf("%w: %w", ErrStreamedPayload, err)
 			}
 			return written, fmt.Errorf("%w: topic %s partition %d offset %d: %w", ErrStreamedPayload, h.Topic, h.Partition, h.Offset, err)
@@ -130,7 +141,11 @@ func (h *Hole) Stream(w io.Writer) (int64, error) {
 			return written, fmt.Errorf("%w: topic %s partition %d offset %d: %d bytes, the size header says %d", ErrStreamedPayload, h.Topic, h.Partition, h.Offset, n, h.Size)
 		}
 		if end && crc != h.s.crc {
-			return written, fmt.Errorf("%w: topic %s partition %d offset %d: the payload's CRC-32C is %08x, its ferry.payload.crc32c header says %08x", ErrStreamedPayload, h.Topic, h.Partition, h.Offset, crc, h.s.crc)
+			err := fmt.Errorf("%w: topic %s partition %d offset %d: the payload's CRC-32C is %08x, its ferry.payload.crc32c header says %08x", ErrStreamedPayload, h.Topic, h.Partition, h.Offset, crc, h.s.crc)
+			if h.s.corrupt != nil {
+				h.s.corrupt(err) // its size and SHA-256 matched: the headers disagree
+			}
+			return written, err
 		}
 		if len(held) > 0 {
 			m, werr := w.Write(held)

@@ -158,8 +158,9 @@ func checkValues(t *testing.T, set []byte, values [][]byte, codec int16) {
 
 // TestStreamedFetchCorruptObject: an object changed or cut short in the
 // store fails the stream before its last chunk is written, so the bytes
-// written never make the whole batch; a missing object fails the partition
-// before anything is committed.
+// written never make the whole batch, and the record's next fetch is
+// answered CORRUPT_MESSAGE before anything is committed; a missing object
+// fails the partition before anything is committed.
 func TestStreamedFetchCorruptObject(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -202,6 +203,17 @@ func TestStreamedFetchCorruptObject(t *testing.T) {
 			}
 			if _, _, complete := splitBatch(got); complete {
 				t.Fatal("the bytes written hold a complete batch")
+			}
+			// Fetched again, the record is answered CORRUPT_MESSAGE before
+			// anything is committed, where its stream was cut again: the
+			// client then has an error to show.
+			resp = fetchResponse(map[string][]byte{"big": batch})
+			again := ch.InterceptFetchLimited(ctx, resp, FetchLimits{Stream: true})
+			defer again.Release()
+			p := resp.Topics[0].Partitions[0]
+			if len(again.Streamed) != 0 || len(again.Failed) != 1 || !errors.Is(again.Failed[0].Err, largemessage.ErrDigestMismatch) ||
+				p.ErrorCode != kerr.CorruptMessage.Code && !again.Failed[0].Partial {
+				t.Fatalf("fetched again: streamed %d, failed %+v, error code %d", len(again.Streamed), again.Failed, p.ErrorCode)
 			}
 		})
 	}
