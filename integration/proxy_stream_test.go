@@ -266,3 +266,62 @@ func TestProxyStreamStoreFailsMidStream(t *testing.T) {
 		t.Fatalf("after the store came back: %d records", len(got))
 	}
 }
+
+// A streamed value whose object was changed in the store: the first fetch
+// through the proxy is cut mid-stream (the response was committed before
+// the payload failed its SHA-256), and the client's next fetch is answered
+// CORRUPT_MESSAGE before anything is written, so the consumer has an error
+// to show (ferry consume exits 1 naming the offset; Kafka's Java console
+// consumer stops with "Encountered corrupt message"), where it fetched the
+// record again and again, cut each time, without a word.
+func TestProxyStreamCorruptPayloadSurfaces(t *testing.T) {
+	kafkaToolsCP(t)
+	b := brokers(t)
+	dir := t.TempDir()
+	storeURL := "file://" + dir
+	topic := newTopic(t, nil)
+	ctx := context.Background()
+	store, err := payloadstore.Open(ctx, storeURL, payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	value := make([]byte, 6<<20)
+	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{9}), value); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: topic, Value: value}
+	if _, err := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"}).Offload(ctx, rec, largemessage.DeriveLimits(0, 1<<20, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := client(t).ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := largemessage.DecodeReference(rec.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.TrimPrefix(ref.FullPayloadPath, "file://")
+	stored, err := os.ReadFile(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored[len(stored)-10] ^= 1 // past the first chunks: the response is committed by then
+	if err := os.WriteFile(f, stored, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(b), Interceptors: []interceptor.Spec{{Name: "large-message",
+		Config: map[string]string{"topic.pattern": topic, "side": "fetch", largemessage.KeyStoreURL: storeURL,
+			interceptor.KeyStreamThreshold: "1048576"}}}})
+
+	code, stdout, stderr := runCLI(t, "consume", "--brokers", s.Addr(), "-t", topic, "-n", "1", "--timeout", "30s")
+	if code != 1 || stdout != "" || !strings.Contains(stderr, "partition 0") || !strings.Contains(stderr, "CORRUPT_MESSAGE") {
+		t.Fatalf("ferry consume through the proxy: exit %d, %d bytes out, stderr %q; want exit 1 and CORRUPT_MESSAGE", code, len(stdout), stderr)
+	}
+	a := append([]string{"--bootstrap-server", s.Addr(), "--topic", topic, "--from-beginning", "--max-messages", "1", "--timeout-ms", "30000",
+		"--command-property", "fetch.max.bytes=67108864", "--command-property", "max.partition.fetch.bytes=67108864"}, javaConsumerArgs...)
+	out, errOut, _ := runClientErr(nil, "java", javaArgs(t, javaConsoleConsumer, a...)...)
+	if len(out) != 0 || !bytes.Contains(errOut, []byte("Encountered corrupt message when fetching offset 0")) {
+		t.Fatalf("console consumer: stdout %q, stderr:\n%s", out, tail(errOut))
+	}
+}
