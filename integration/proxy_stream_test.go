@@ -220,22 +220,7 @@ func TestProxyStreamStoreFailsMidStream(t *testing.T) {
 	direct, via, fp := storetest.S3URLViaFaultProxy(t, "ferry-integration")
 	topic := newTopic(t, nil)
 	ctx := context.Background()
-	store, err := payloadstore.Open(ctx, direct, payloadstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	value := make([]byte, 24<<20)
-	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{7}), value); err != nil {
-		t.Fatal(err)
-	}
-	rec := &kgo.Record{Topic: topic, Value: value}
-	if _, err := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"}).Offload(ctx, rec, largemessage.DeriveLimits(0, 1<<20, 0)); err != nil {
-		t.Fatal(err)
-	}
-	if err := client(t).ProduceSync(ctx, rec).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	value, _ := offloadedRecord(t, direct, topic, 24<<20, 7)
 	s := startProxyServer(t, proxy.Config{Upstream: proxy.SplitList(b), Interceptors: []interceptor.Spec{{Name: "large-message",
 		Config: map[string]string{"topic.pattern": topic, "side": "fetch", largemessage.KeyStoreURL: via}}}})
 	fp.SetCutAfter(64 << 10)
@@ -277,26 +262,9 @@ func TestProxyStreamStoreFailsMidStream(t *testing.T) {
 func TestProxyStreamCorruptPayloadSurfaces(t *testing.T) {
 	kafkaToolsCP(t)
 	b := brokers(t)
-	dir := t.TempDir()
-	storeURL := "file://" + dir
+	storeURL := "file://" + t.TempDir()
 	topic := newTopic(t, nil)
-	ctx := context.Background()
-	store, err := payloadstore.Open(ctx, storeURL, payloadstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	value := make([]byte, 6<<20)
-	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{9}), value); err != nil {
-		t.Fatal(err)
-	}
-	rec := &kgo.Record{Topic: topic, Value: value}
-	if _, err := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"}).Offload(ctx, rec, largemessage.DeriveLimits(0, 1<<20, 0)); err != nil {
-		t.Fatal(err)
-	}
-	if err := client(t).ProduceSync(ctx, rec).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	_, rec := offloadedRecord(t, storeURL, topic, 6<<20, 9)
 	ref, err := largemessage.DecodeReference(rec.Value)
 	if err != nil {
 		t.Fatal(err)
@@ -324,4 +292,30 @@ func TestProxyStreamCorruptPayloadSurfaces(t *testing.T) {
 	if len(out) != 0 || !bytes.Contains(errOut, []byte("Encountered corrupt message when fetching offset 0")) {
 		t.Fatalf("console consumer: stdout %q, stderr:\n%s", out, tail(errOut))
 	}
+}
+
+// offloadedRecord offloads size random bytes (from seed) of topic to the
+// store at storeURL as the library's Serializer does, produces the record
+// (its reference) straight to the broker, and returns the value and the
+// record produced.
+func offloadedRecord(t *testing.T, storeURL, topic string, size int, seed byte) ([]byte, *kgo.Record) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := payloadstore.Open(ctx, storeURL, payloadstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	value := make([]byte, size)
+	if _, err := io.ReadFull(rand.NewChaCha8([32]byte{seed}), value); err != nil {
+		t.Fatal(err)
+	}
+	rec := &kgo.Record{Topic: topic, Value: bytes.Clone(value)}
+	if _, err := largemessage.NewSerializer(store, largemessage.Codec{Type: "none"}).Offload(ctx, rec, largemessage.DeriveLimits(0, 1<<20, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := client(t).ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return value, rec
 }
