@@ -38,20 +38,12 @@ var corruptRecord = []error{envelope.ErrAuthentication, envelope.ErrFormat, enve
 // the dependency, the configuration or this Ferry is fixed, so the
 // consumer fetches the record again.
 func fetchCode(err error) int16 {
-	var ke *kerr.Error
-	if errors.As(err, &ke) {
-		return ke.Code
+	code := kerr.KafkaStorageError.Code
+	later := errors.Is(err, envelope.ErrVersion) || errors.Is(err, largemessage.ErrReferenceVersion) // readable once upgraded
+	if !later && slices.ContainsFunc(corruptRecord, func(c error) bool { return errors.Is(err, c) }) {
+		code = kerr.CorruptMessage.Code
 	}
-	if errors.Is(err, envelope.ErrVersion) || errors.Is(err, largemessage.ErrReferenceVersion) {
-		// Written by a later Ferry: readable once this one is upgraded.
-		return kerr.KafkaStorageError.Code
-	}
-	for _, c := range corruptRecord {
-		if errors.Is(err, c) {
-			return kerr.CorruptMessage.Code
-		}
-	}
-	return kerr.KafkaStorageError.Code
+	return codeOf(err, code)
 }
 
 // FetchPartitionResult is a partition whose records an interceptor could

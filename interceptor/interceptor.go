@@ -267,13 +267,13 @@ func Names() []string {
 func New(ctx context.Context, name string, config map[string]string) (Instance, error) {
 	regMu.RLock()
 	f, ok := registry[name]
-	kerr := checkKeys(name, config)
+	keyErr := checkKeys(name, config)
 	regMu.RUnlock()
 	if !ok {
 		return Instance{}, fmt.Errorf("interceptor %q is not registered (known: %v)", name, Names())
 	}
-	if kerr != nil {
-		return Instance{}, fmt.Errorf("interceptor %s: %w", name, kerr)
+	if keyErr != nil {
+		return Instance{}, fmt.Errorf("interceptor %s: %w", name, keyErr)
 	}
 	in, err := f(ctx, config)
 	if err != nil {

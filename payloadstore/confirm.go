@@ -184,8 +184,9 @@ func quarantinedIs(ctx context.Context, s PayloadStore, qkey, key string, want *
 // encrypted store reads it at a key, says the object was not sealed for
 // that key (or not by this store's keys): its bytes are not sealed
 // (ErrPlaintextRefused), do not authenticate or parse, its key is not
-// configured, or the KMS refuses its wrapped key for good. A KMS or store failure that may pass (KMSError.Retryable, a
-// download cut) is not that: the object may still be the record's.
+// configured, or the KMS refuses its wrapped key for good. A KMS or store
+// failure that may pass (KMSError.Retryable, a download cut) is not that:
+// the object may still be the record's.
 func notSealedUnder(err error) bool {
 	var ke *envelope.KMSError
 	if errors.As(err, &ke) {

@@ -173,7 +173,7 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 		commit: g.id != "" && g.commit,
 
 		resolveValue: s.cfg.ValueDeserializers.LargeMessage(),
-		next:         map[string]int64{},
+		next:         map[partitionOf]int64{},
 	}
 	if !s.cfg.ValueDeserializers.PassesBytes() {
 		c.valueDe, c.decodeMax = s.cfg.ValueDeserializers, s.cfg.PollMaxBytes
@@ -231,9 +231,14 @@ type consumer struct {
 	partial bool            // a value was cut short on standard output
 	written map[string]bool // the names written under out in this run (outputName)
 	sealed  bool            // a record sealed by a proxy's encrypt was met (warned once)
-	// next is the offset after the last record written, per partition
-	// (fetchWhere), for a fetch error's message.
-	next map[string]int64
+	// next is the offset after the last record written, per partition,
+	// for a fetch error's message.
+	next map[partitionOf]int64
+}
+
+type partitionOf struct {
+	topic     string
+	partition int32
 }
 
 // stopped is the error of a consume interrupted (ctx ended) after done
@@ -281,7 +286,7 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 				ferr = fmt.Errorf("fetching %s: %w", fetchWhere(t, p), err)
 				if errors.Is(err, kerr.CorruptMessage) {
 					at := ""
-					if n, ok := c.next[fetchWhere(t, p)]; ok {
+					if n, ok := c.next[partitionOf{t, p}]; ok {
 						at = fmt.Sprintf(" at offset %d", n)
 					}
 					ferr = fmt.Errorf("fetching %s%s: %w (a ferry proxy answers it for a record that will never be readable: its log names the record and why)",
@@ -308,7 +313,7 @@ func (c *consumer) run(ctx context.Context, max int, idle time.Duration) error {
 				c.cl.MarkCommitRecords(r)
 			}
 			c.last = r
-			c.next[fetchWhere(r.Topic, r.Partition)] = r.Offset + 1
+			c.next[partitionOf{r.Topic, r.Partition}] = r.Offset + 1
 			done++
 		}
 		// The records polled are written: the group may rebalance
