@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // runResult is one ferry invocation's outcome.
@@ -240,6 +242,26 @@ func TestProduceNeedsStoreOnlyForLargeRecords(t *testing.T) {
 		t.Fatalf("large stdin without store: exit %d, want 2", r.code)
 	}
 	oneErrorLine(t, r, "standard input (more than 999947 bytes)")
+
+	// Refused before anything reaches the cluster: a missing topic is
+	// not created for a file that could never be produced to it.
+	r = run(t, nil, "produce", "--brokers", brokers, "--topic", "fresh", big)
+	if r.code != 2 {
+		t.Fatalf("large without store to a missing topic: exit %d, want 2", r.code)
+	}
+	oneErrorLine(t, r, "must be offloaded, but no payload store is set")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(brokers, ",")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	topics, err := kadm.NewClient(cl).ListTopics(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topics.Has("fresh") {
+		t.Fatalf("topic fresh was created for a file refused before producing (topics %v)", topics.Names())
+	}
 }
 
 func TestConsumeMissingPayload(t *testing.T) {

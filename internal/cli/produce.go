@@ -122,23 +122,6 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 		return err
 	}
 	defer closeAll()
-	if err := checkTopic(ctx, cl, f.topic); err != nil {
-		if ctx.Err() != nil {
-			return err
-		}
-		// As Kafka's console producer with auto.create.topics.enable:
-		// a missing topic is created with the broker's defaults.
-		cctx, cancel := context.WithTimeout(ctx, pingTimeout)
-		resp, cerr := kadm.NewClient(cl).CreateTopic(cctx, -1, -1, nil, f.topic)
-		cancel()
-		if cerr == nil {
-			cerr = resp.Err
-		}
-		if cerr != nil && !errors.Is(cerr, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("%v, and creating it failed: %w", err, cerr)
-		}
-		fmt.Fprintf(a.stderr, "ferry: created topic %s with the broker's default partitions and replication\n", f.topic)
-	}
 	// value.serializers other than bytes (avro, protobuf, json-schema):
 	// each input is JSON, encoded through the chain.
 	encode := !s.cfg.ValueSerializers.PassesBytes()
@@ -155,6 +138,26 @@ func (a *app) produce(ctx context.Context, f produceFlags, inputs []string) erro
 				return snd.needStore(in, st.Size(), f.topic, l)
 			}
 		}
+	}
+	// The topic is created only once nothing above refused the inputs: a
+	// missing topic's limit is the broker's message.max.bytes, which is
+	// what it is created with.
+	if err := checkTopic(ctx, cl, f.topic); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		// As Kafka's console producer with auto.create.topics.enable:
+		// a missing topic is created with the broker's defaults.
+		cctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		resp, cerr := kadm.NewClient(cl).CreateTopic(cctx, -1, -1, nil, f.topic)
+		cancel()
+		if cerr == nil {
+			cerr = resp.Err
+		}
+		if cerr != nil && !errors.Is(cerr, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("%v, and creating it failed: %w", err, cerr)
+		}
+		fmt.Fprintf(a.stderr, "ferry: created topic %s with the broker's default partitions and replication\n", f.topic)
 	}
 	var done []sent
 	for _, in := range inputs {
