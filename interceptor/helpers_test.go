@@ -114,7 +114,7 @@ func newCluster(t *testing.T, topics map[string]map[string]*string) *cluster {
 		}
 		pr := req.(*kmsg.ProduceRequest)
 		orig := cloneProduce(pr)
-		out := chain.InterceptProduce(context.Background(), pr, func(names []string) map[string]TopicLimit {
+		out := chain.InterceptProduce(context.Background(), pr, func(_ context.Context, names []string) map[string]TopicLimit {
 			m := map[string]TopicLimit{}
 			for _, topic := range names {
 				if v := topics[topic]["max.message.bytes"]; v != nil {
@@ -255,8 +255,8 @@ func checkBatches(t *testing.T, b []byte) []kmsg.RecordBatch {
 var errTest = errors.New("test failure")
 
 // allTopics is a limits callback giving every topic max.message.bytes n.
-func allTopics(n int32) func([]string) map[string]TopicLimit {
-	return func(topics []string) map[string]TopicLimit {
+func allTopics(n int32) func(context.Context, []string) map[string]TopicLimit {
+	return func(_ context.Context, topics []string) map[string]TopicLimit {
 		m := map[string]TopicLimit{}
 		for _, t := range topics {
 			m[t] = TopicLimit{MaxMessageBytes: n}

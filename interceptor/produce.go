@@ -139,8 +139,10 @@ func compressed(records []byte) bool {
 // base sequence kept) and otherwise keep their bytes. A partition that
 // fails, or whose records were all skipped, is removed from req and
 // reported in the outcome. limits gives the max.message.bytes of the
-// matching topics, asked for all at once (a topic missing from the answer,
-// or 0: unknown; no size check, the broker's own check applies); every
+// matching topics, asked for all at once with ctx (a topic missing from
+// the answer, or 0: unknown; no size check, the broker's own check
+// applies; it should return soon after ctx ends, leaving out what it has
+// not learnt by then); every
 // batch of a matching topic is checked against it, exactly: over is
 // MESSAGE_TOO_LARGE, after the BatchShrinker interceptors (large-message)
 // had their chance. The interceptors' deferred work (large-message's
@@ -167,7 +169,7 @@ func compressed(records []byte) bool {
 // Release once the request is encoded. The request's buffer must stay
 // unchanged until InterceptProduce returns: timed-out calls that are still
 // running only read it and their results are discarded.
-func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(topics []string) map[string]TopicLimit) ProduceOutcome {
+func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, limits func(ctx context.Context, topics []string) map[string]TopicLimit) ProduceOutcome {
 	out := ProduceOutcome{committed: map[FetchPartition][]Deferred{}, led: c.ledger(nil)}
 	if len(c.produce) == 0 {
 		out.Forward = len(req.Topics) > 0
@@ -201,7 +203,7 @@ func (c *Chain) InterceptProduce(ctx context.Context, req *kmsg.ProduceRequest, 
 	}
 	var lims map[string]TopicLimit
 	if limits != nil && len(matching) > 0 {
-		lims = limits(matching)
+		lims = limits(ctx, matching)
 	}
 	// Partitions are processed concurrently (at most maxParallelPartitions
 	// at a time; small requests serially, serialMaxBytes), each within its

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"encoding/binary"
 	"regexp"
 	"slices"
@@ -43,14 +44,14 @@ const (
 // lengths and record counts agree with its bytes, is uncompressed (or a
 // control batch) and fits the topic's max.message.bytes as the broker
 // stores it. limits is InterceptProduce's, asked once for the matching
-// topics. A topic named by an id the chain cannot name is not untouched
+// topics with ctx (the request's: a lookup of the cluster ends with it). A topic named by an id the chain cannot name is not untouched
 // (InterceptProduce refuses it).
 //
 // The CRC-32C is not checked: nothing is published or changed for a
 // request the skim passes, and the broker checks every batch's CRC before
 // it appends anything (CORRUPT_MESSAGE), as for a request through the
 // plain proxy. The chain checks it where it acts on the batch's bytes.
-func (c *Chain) ProduceUntouched(sets []RecordSet, limits func(topics []string) map[string]TopicLimit) bool {
+func (c *Chain) ProduceUntouched(ctx context.Context, sets []RecordSet, limits func(ctx context.Context, topics []string) map[string]TopicLimit) bool {
 	if len(c.produce) == 0 {
 		return true
 	}
@@ -70,7 +71,7 @@ func (c *Chain) ProduceUntouched(sets []RecordSet, limits func(topics []string) 
 	}
 	var lims map[string]TopicLimit
 	if limits != nil {
-		lims = limits(matching)
+		lims = limits(ctx, matching)
 	}
 	for i := range sets {
 		name, skimmers, _ := sk.of(&sets[i])

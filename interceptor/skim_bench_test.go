@@ -25,7 +25,7 @@ func BenchmarkSkim(b *testing.B) {
 		b.SetBytes(int64(len(vals) * 1024))
 		b.ReportAllocs()
 		for b.Loop() {
-			if !ch.ProduceUntouched(sets, limits) {
+			if !ch.ProduceUntouched(context.Background(), sets, limits) {
 				b.Fatal("not untouched")
 			}
 		}

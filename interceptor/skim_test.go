@@ -53,7 +53,7 @@ func withCRC(b []byte) []byte {
 	return b
 }
 
-func limit64k([]string) map[string]TopicLimit {
+func limit64k(context.Context, []string) map[string]TopicLimit {
 	return map[string]TopicLimit{"lm": {MaxMessageBytes: 1 << 16}, "lm2": {MaxMessageBytes: 200}}
 }
 
@@ -117,7 +117,7 @@ func TestSkimHostile(t *testing.T) {
 		{"truncated header", "lm", clean[:40], false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := ch.ProduceUntouched([]RecordSet{{Topic: c.topic, Records: c.set}}, limit64k)
+			got := ch.ProduceUntouched(context.Background(), []RecordSet{{Topic: c.topic, Records: c.set}}, limit64k)
 			if got != c.want {
 				t.Fatalf("ProduceUntouched = %v, want %v", got, c.want)
 			}
@@ -132,7 +132,7 @@ func TestSkimHostile(t *testing.T) {
 	}
 	// A compressed batch can hide a large value: the chain offloads it.
 	noisy := string(randomBytes(1, 1000))
-	if ch.ProduceUntouched([]RecordSet{{Topic: "lm", Records: skimBatch(t, 4, small(noisy))}}, limit64k) {
+	if ch.ProduceUntouched(context.Background(), []RecordSet{{Topic: "lm", Records: skimBatch(t, 4, small(noisy))}}, limit64k) {
 		t.Fatal("a compressed batch was skimmed")
 	}
 	req := buildRequest(t, map[string][]byte{"lm": skimBatch(t, 4, small(noisy))})
@@ -205,7 +205,7 @@ func TestOverlongVarintInRecord(t *testing.T) {
 			h.Length = int32(49 + len(c.records))
 			b := withCRC(h.AppendTo(nil))
 			set := []RecordSet{{Topic: "lm", Records: b}}
-			if ch.ProduceUntouched(set, limit64k) {
+			if ch.ProduceUntouched(context.Background(), set, limit64k) {
 				t.Fatal("the produce skim passed the batch")
 			}
 			if ch.FetchUntouched(set) {

@@ -26,7 +26,7 @@ func TestProduceTopicCompressionUnchangedBatch(t *testing.T) {
 	if len(batch) > 50_000 {
 		t.Fatalf("the snappy batch is %d bytes: the test wants it well under the limit", len(batch))
 	}
-	limits := func([]string) map[string]TopicLimit {
+	limits := func(context.Context, []string) map[string]TopicLimit {
 		return map[string]TopicLimit{"t": {MaxMessageBytes: 100_000, Compression: "lz4"}}
 	}
 	vj, err := New(ctx, "validate-json", map[string]string{"topic.pattern": ".*"})

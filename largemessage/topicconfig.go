@@ -116,8 +116,10 @@ func (t *TopicConfigs) ForgetOlder(topic string, age time.Duration) {
 	t.mu.Unlock()
 }
 
-// Get returns topic's configuration. Errors: the cluster could not be asked
-// and nothing is cached (a stale entry is returned rather than an error).
+// Get returns topic's configuration, waiting for the cluster as GetAll
+// does. Errors: the cluster could not be asked and nothing is cached (a
+// stale entry is returned rather than an error); ctx's error when it ended
+// first.
 func (t *TopicConfigs) Get(ctx context.Context, topic string) (TopicConfig, error) {
 	// A cached topic (every record of a Producer asks): no allocation.
 	now := time.Now()
@@ -129,6 +131,16 @@ func (t *TopicConfigs) Get(ctx context.Context, topic string) (TopicConfig, erro
 	}
 	r := t.GetAll(ctx, []string{topic})
 	return r[topic].Config, r[topic].Err
+}
+
+// Fresh reports whether topic's configuration is cached and within its
+// TTL: Get then answers it at once, without asking the cluster.
+func (t *TopicConfigs) Fresh(topic string) bool {
+	now := time.Now()
+	t.mu.Lock()
+	e, ok := t.m[topic]
+	t.mu.Unlock()
+	return ok && now.Sub(e.at) < t.ttlOf(e.c)
 }
 
 // getUntil is Get that also says until when the answer may be reused
@@ -156,7 +168,10 @@ type TopicConfigResult struct {
 }
 
 // GetAll returns the configurations of topics, asking the cluster once for
-// all that are not cached or being asked for already.
+// all that are not cached or being asked for already. It waits for the
+// cluster's answer at most until ctx ends (a topic not answered by then
+// has ctx's error) and at most 10 s in any case; the lookup itself goes on
+// for the other callers waiting for it, within those 10 s.
 func (t *TopicConfigs) GetAll(ctx context.Context, topics []string) map[string]TopicConfigResult {
 	out := make(map[string]TopicConfigResult, len(topics))
 	var ask []string
@@ -187,9 +202,13 @@ func (t *TopicConfigs) GetAll(ctx context.Context, topics []string) map[string]T
 	}
 	t.mu.Unlock()
 	if own != nil {
-		t.describe(ctx, ask, own)
+		// Asked on a goroutine of its own, detached from ctx (and capped
+		// at topicConfigTimeout): the callers that joined the lookup
+		// meanwhile are not failed when this one's ctx ends (its client
+		// went away), and this one stops waiting when it does.
+		go t.describe(context.WithoutCancel(ctx), ask, own)
 		for topic, call := range own.calls {
-			out[topic] = TopicConfigResult{Config: call.c, Err: call.err}
+			wait[topic] = call
 		}
 	}
 	for topic, call := range wait {

@@ -111,7 +111,7 @@ func fuzzProduceRequest(t testing.TB, ch *interceptor.Chain, version int16, body
 	}
 	var out interceptor.ProduceOutcome
 	watchdog(t, 20*time.Second, func() {
-		out = ch.InterceptProduce(context.Background(), req, func(topics []string) map[string]interceptor.TopicLimit {
+		out = ch.InterceptProduce(context.Background(), req, func(_ context.Context, topics []string) map[string]interceptor.TopicLimit {
 			m := map[string]interceptor.TopicLimit{}
 			for _, tp := range topics {
 				m[tp] = interceptor.TopicLimit{MaxMessageBytes: 4096, Compression: []string{"", "zstd", "uncompressed"}[len(tp)%3]}

@@ -111,16 +111,17 @@ func (ic *interception) close() {
 	ic.admin.Close()
 }
 
-// maxMessageBytes is the limits callback of Chain.InterceptProduce: the
-// max.message.bytes and compression.type of topics as the cluster reports them (one
-// DescribeConfigs for all that are not cached; the broker's
-// message.max.bytes for a topic that does not exist yet), cached for
-// topic.config.refresh.ms. A topic the cluster cannot be asked about is
-// left out (the broker's own check then applies); one it says does not exist
-// is Missing (for a few seconds: a topic created meanwhile is refused with
-// the retriable UNKNOWN_TOPIC_OR_PARTITION until then, as a broker that has
-// not seen it yet would).
-func (ic *interception) maxMessageBytes(topics []string) map[string]interceptor.TopicLimit {
+// maxMessageBytes answers the limits callback of Chain.InterceptProduce
+// (conn.topicLimits): the max.message.bytes and compression.type of topics
+// as the cluster reports them (one DescribeConfigs for all that are not
+// cached; the broker's message.max.bytes for a topic that does not exist
+// yet), cached for topic.config.refresh.ms, waited for until ctx ends and
+// at most 10 s. A topic the cluster cannot be asked about in that time is
+// left out (the broker's own check then applies); one it says does not
+// exist is Missing (for a few seconds: a topic created meanwhile is
+// refused with the retriable UNKNOWN_TOPIC_OR_PARTITION until then, as a
+// broker that has not seen it yet would).
+func (ic *interception) maxMessageBytes(ctx context.Context, topics []string) map[string]interceptor.TopicLimit {
 	out := make(map[string]interceptor.TopicLimit, len(topics))
 	add := func(t string, c largemessage.TopicConfig, err error) {
 		if err == nil && c.MaxMessageBytes > 0 && c.MaxMessageBytes <= math.MaxInt32 {
@@ -132,14 +133,76 @@ func (ic *interception) maxMessageBytes(topics []string) map[string]interceptor.
 		// Most requests name one topic: Get answers a cached one without
 		// GetAll's three maps (they were a third of the produce skim's CPU
 		// behind Kafka's perf producer: docs/BENCHMARKS.md).
-		c, err := ic.configs.Get(context.Background(), topics[0])
+		c, err := ic.configs.Get(ctx, topics[0])
 		add(topics[0], c, err)
 		return out
 	}
-	for t, r := range ic.configs.GetAll(context.Background(), topics) {
+	for t, r := range ic.configs.GetAll(ctx, topics) {
 		add(t, r.Config, r.Err)
 	}
 	return out
+}
+
+// fresh reports whether maxMessageBytes answers topics from its cache,
+// without asking the cluster.
+func (ic *interception) fresh(topics []string) bool {
+	for _, t := range topics {
+		if !ic.configs.Fresh(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// clientWatchedKey marks a context that already ends when the client goes
+// away (watchClient), or that must not (an acks=0 request's, whose client
+// wants its records whatever it does after sending them): topicLimits
+// starts no watch of its own under it.
+type clientWatchedKey struct{}
+
+// topicLimits is the limits callback of c's Produce requests
+// (Chain.InterceptProduce, Chain.ProduceUntouched, the streamed read):
+// maxMessageBytes within ctx. When the cluster must be asked (a topic not
+// cached) the wait also ends when the client closes or resets its
+// connection (watchGone), unless ctx is marked clientWatchedKey: the
+// reader waits here, and it would otherwise hold the connection, its
+// chain generation and its request's memory for up to the lookup's 10 s
+// after its client had gone (and Shutdown with them, past its deadline).
+// A lookup cut short leaves its topics out, as one the cluster did not
+// answer.
+func (c *conn) topicLimits(ctx context.Context, topics []string) map[string]interceptor.TopicLimit {
+	if ctx.Value(clientWatchedKey{}) == nil && !c.s.ic.fresh(topics) {
+		var stop func()
+		ctx, stop = c.watchGone(ctx)
+		defer stop()
+	}
+	return c.s.ic.maxMessageBytes(ctx, topics)
+}
+
+// watchGone returns parent, also cancelled when the client ends its
+// connection (a close or a reset) while the reader waits on something else
+// and reads nothing. It looks at the socket itself (waitSocket), not the
+// read buffer, which may hold the request being handled; bytes arriving
+// (the client's next request) end the watch, the client being there.
+// stop ends the watch, and waits for it.
+func (c *conn) watchGone(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := waitSocket(c.client)
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errors.ErrUnsupported) {
+			cancel() // the client closed or reset the connection
+		}
+	}()
+	return ctx, func() {
+		cancel()
+		// Unblock the wait and let reads block again (unless Shutdown
+		// is draining: its deadline stays).
+		_ = c.client.SetReadDeadline(time.Now())
+		<-done
+		c.setReadDeadline(time.Time{})
+	}
 }
 
 // learnTopics records the topic ids of a Metadata (or
@@ -317,6 +380,7 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	ctx, stop := c.ctx, func() {}
 	switch {
 	case f.acks0:
+		ctx = context.WithValue(ctx, clientWatchedKey{}, true)
 	case f.gen.chain.QuickProduce(len(frame)):
 		ctx = interceptor.WithSlowRequest(ctx, func(ctx context.Context) context.Context {
 			ctx, stop = c.watchClient(ctx)
@@ -328,7 +392,7 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 	if f.streams != nil {
 		ctx = interceptor.WithStreams(ctx, f.streams)
 	}
-	res := f.gen.chain.InterceptProduce(ctx, req, c.s.ic.maxMessageBytes)
+	res := f.gen.chain.InterceptProduce(ctx, req, c.topicLimits)
 	stop()
 	defer res.Release()
 	// Values streamed to the store for records the chain refused are
@@ -424,11 +488,20 @@ func (c *conn) interceptProduce(h RequestHeader, frame []byte, f *inflight) (out
 // produceUntouched reports whether the chain would forward a Produce
 // request body as it came, by a skim of its record sets
 // (interceptor.Chain.ProduceUntouched): then it is forwarded undecoded.
-// A body the skim cannot read goes through the full decode.
+// A body the skim cannot read goes through the full decode. The limits
+// it needs are waited for within the connection's life, and the client's
+// unless the request is acks=0 (topicLimits).
 func (c *conn) produceUntouched(h RequestHeader, body []byte, chain *interceptor.Chain) bool {
 	var buf [8]interceptor.RecordSet
 	sets, err := produceRecordSets(h.Version, body, h.Flexible, buf[:0])
-	return err == nil && chain.ProduceUntouched(sets, c.s.ic.maxMessageBytes)
+	if err != nil {
+		return false
+	}
+	ctx := c.ctx
+	if acks, err := produceAcks(body, h.Version, h.Flexible); err == nil && acks == 0 {
+		ctx = context.WithValue(ctx, clientWatchedKey{}, true)
+	}
+	return chain.ProduceUntouched(ctx, sets, c.topicLimits)
 }
 
 // fetchUntouched reports whether the chain would leave a Fetch response
@@ -472,7 +545,7 @@ func (c *conn) produceAsIs(version int16, body []byte) bool {
 // context, or one derived from it) or the client goes away (a peek at its socket sees the end). stop ends the
 // watch; the reader may read again afterwards.
 func (c *conn) watchClient(parent context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(parent)
+	ctx, cancel := context.WithCancel(context.WithValue(parent, clientWatchedKey{}, true))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -129,7 +129,7 @@ func (ps pieces) appendTo(dst, arena []byte) []byte {
 // the streamed values are deleted.
 func (c *conn) readProduce(h RequestHeader, size int32, g *chainGen) ([]byte, func(), *interceptor.Streams, error) {
 	env := produceEnv{ctx: c.ctx, mem: c.s.mem, streamer: g.chain.Streamer, names: c.s.ic.topicName,
-		limits:   func(topic string) interceptor.TopicLimit { return c.s.ic.maxMessageBytes([]string{topic})[topic] },
+		limits:   func(topic string) interceptor.TopicLimit { return c.topicLimits(c.ctx, []string{topic})[topic] },
 		deadline: c.setReadDeadline}
 	return readProduceFrame(c.cr, h, size, env)
 }

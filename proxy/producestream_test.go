@@ -191,8 +191,8 @@ func TestProduceStream(t *testing.T) {
 }
 
 // limits2 adapts env.limits to the chain's callback.
-func (e produceEnv) limits2() func([]string) map[string]interceptor.TopicLimit {
-	return func(topics []string) map[string]interceptor.TopicLimit {
+func (e produceEnv) limits2() func(context.Context, []string) map[string]interceptor.TopicLimit {
+	return func(_ context.Context, topics []string) map[string]interceptor.TopicLimit {
 		m := map[string]interceptor.TopicLimit{}
 		for _, tp := range topics {
 			m[tp] = e.limits(tp)

@@ -35,7 +35,7 @@ func skimFuzzChain(tb testing.TB) *interceptor.Chain {
 
 // skimLimits are the fuzz targets' topic limits: a small max.message.bytes
 // and a compression.type that varies with the topic's name.
-func skimLimits(topics []string) map[string]interceptor.TopicLimit {
+func skimLimits(_ context.Context, topics []string) map[string]interceptor.TopicLimit {
 	m := map[string]interceptor.TopicLimit{}
 	for _, tp := range topics {
 		m[tp] = interceptor.TopicLimit{MaxMessageBytes: 4096, Compression: []string{"", "zstd", "uncompressed"}[len(tp)%3]}
@@ -116,7 +116,7 @@ func FuzzSkimProduce(f *testing.F) {
 		for _, s := range sets {
 			fixCRCs(s.Records)
 		}
-		untouched := ch.ProduceUntouched(sets, skimLimits)
+		untouched := ch.ProduceUntouched(context.Background(), sets, skimLimits)
 		req, err := decodeProduce(version, body)
 		if err != nil {
 			t.Fatalf("the skim read a body kmsg does not decode: %v", err)
