@@ -152,7 +152,7 @@ func newConn(s *Server, c net.Conn, nodeID int32) *conn {
 	cn.ctx, cn.cancel = context.WithCancel(s.undo.With(context.Background()))
 	cn.fetchCtx, cn.cancelFetch = context.WithCancel(cn.ctx)
 	cn.active.Store(time.Now().UnixNano())
-	cn.auth.init(s.authRequired)
+	cn.auth.init(func(wait bool) bool { return s.authRequired(cn, wait) })
 	cn.sessions.s = s
 	return cn
 }

@@ -28,11 +28,13 @@ type saslState struct {
 	mechanism     string // from the last SaslHandshake request, upper case
 	closed        bool
 	// upstream reports whether the upstream listener requires SASL
-	// (Server.authRequired); asked only when an interception is due.
-	upstream func() bool
+	// (Server.authRequired), waiting for a probe when wait is set and
+	// nothing is known yet (else: true, fail closed); asked only when an
+	// interception is due.
+	upstream func(wait bool) bool
 }
 
-func (a *saslState) init(upstream func() bool) {
+func (a *saslState) init(upstream func(wait bool) bool) {
 	a.cond = sync.NewCond(&a.mu)
 	a.upstream = upstream
 }
@@ -117,9 +119,11 @@ func (a *saslState) response(key, version int16, body []byte) {
 
 // await waits until no SASL exchange is in flight and reports whether the
 // connection may be intercepted: authentication is not required, or it
-// succeeded. It returns false at once when done is closed.
+// succeeded. It returns false at once when done is closed. The reader's
+// only: it may wait for a probe of the upstream, watching the client's
+// socket meanwhile (Server.authRequired).
 func (a *saslState) await(done <-chan struct{}) bool {
-	up := a.upstream != nil && a.upstream()
+	up := a.upstream != nil && a.upstream(true)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if up {
@@ -136,9 +140,11 @@ func (a *saslState) await(done <-chan struct{}) bool {
 	return !a.closed && (!a.required || a.authenticated)
 }
 
-// ok reports, without waiting, whether the connection may be intercepted.
+// ok reports, without waiting, whether the connection may be intercepted
+// (while nothing is known of the upstream listener: only once
+// authenticated).
 func (a *saslState) ok() bool {
-	up := a.upstream != nil && a.upstream()
+	up := a.upstream != nil && a.upstream(false)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return !(a.required || up) || a.authenticated

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/crc32"
+	"log/slog"
 	"net"
 	"regexp"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -181,4 +183,68 @@ func TestUnauthenticatedFrameHoldsNoMemory(t *testing.T) {
 	if n := countingSeen.Load(); n != 0 {
 		t.Fatalf("the interceptor saw %d records", n)
 	}
+}
+
+// A client whose first intercepted request waits for a probe of the
+// upstream (none concluded yet: the seed accepts and answers nothing) and
+// that closes its connection meanwhile ends the wait: the connection does
+// not stay open until the probe's dial.timeout.ms is up.
+func TestSASLProbeWaitEndsWithClient(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	var mu sync.Mutex
+	var held []net.Conn
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // never answered
+			mu.Unlock()
+		}
+	}()
+	s, err := New(Config{Upstream: []string{silent.Addr().String()}, Listen: "127.0.0.1:0", DialTimeout: 8 * time.Second,
+		Logger: slog.New(slog.DiscardHandler), Interceptors: []interceptor.Spec{{Name: "test-counting"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err = s.Start(ctx)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(produceFrame(t, "any")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the request waits for the probe
+	if conns(s) != 1 {
+		t.Fatalf("%d connections, want the one waiting", conns(s))
+	}
+	c.Close()
+	closed := time.Now()
+	for conns(s) > 0 && time.Since(closed) < 5*time.Second {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := conns(s); n > 0 {
+		t.Fatalf("the connection is still open %v after its client closed, waiting for a probe of the upstream", time.Since(closed).Round(time.Millisecond))
+	}
+	t.Logf("the connection ended %v after its client closed", time.Since(closed).Round(time.Millisecond))
 }

@@ -89,6 +89,11 @@ type Server struct {
 	// authentication. saslKnown: configured, or a probe concluded.
 	saslUpstream, saslKnown atomic.Bool
 	probeMu                 sync.Mutex // one probe at a time
+	// probing ends with the probe in flight for authRequired (nil: none);
+	// under probingMu. stopped is closed by Shutdown (probeUntilKnown).
+	probingMu sync.Mutex
+	probing   chan struct{}
+	stopped   chan struct{}
 	// perIP counts client connections by remote address (max.connections.per.ip).
 	perIP map[string]int
 
@@ -126,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics(), nodes: map[int32]*node{}, conns: map[*conn]struct{}{},
-		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax), undo: payloadstore.NewUndoBound()}
+		perIP: map[string]int{}, mem: interceptor.NewMemory(cfg.MemoryMax), undo: payloadstore.NewUndoBound(), stopped: make(chan struct{})}
 	s.saslUpstream.Store(cfg.UpstreamSASL.Mechanism != "")
 	// Known only when configured: otherwise the start-up probe (or the
 	// first interception, after a reload added interceptors) finds out.
@@ -564,6 +569,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closing = true
+	close(s.stopped)
 	if s.bootstrap != nil {
 		s.bootstrap.Close()
 	}
@@ -644,23 +650,84 @@ func remoteIP(c net.Conn) string {
 	return host
 }
 
-// authRequired reports whether client connections must authenticate
-// before the interceptors run (see saslState): upstream.sasl.* is set, or
-// a probe found the broker closing unauthenticated connections. Until a
-// probe has concluded (the upstream unreachable so far), it probes now and,
-// failing that, answers true: fail closed.
-func (s *Server) authRequired() bool {
+// authRequired reports whether c's client must authenticate before the
+// interceptors run (see saslState): upstream.sasl.* is set, or a probe
+// found the broker closing unauthenticated connections. Until a probe has
+// concluded (the upstream unreachable so far; probeUntilKnown keeps
+// probing in the background), it answers true (fail closed: the client's
+// connection is closed, as the broker closes an unauthenticated one),
+// after waiting, when wait is set (c's reader only), for the probe in
+// flight or one it starts (up to dial.timeout.ms), and not after c's
+// client has gone or c has closed.
+func (s *Server) authRequired(c *conn, wait bool) bool {
 	if s.saslKnown.Load() {
 		return s.saslUpstream.Load()
 	}
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	if !s.saslKnown.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
-		_ = s.probe(ctx)
-		cancel()
+	if !wait {
+		return true
 	}
+	p := s.startProbe()
+	ctx, stop := c.watchGone(c.ctx)
+	select {
+	case <-p:
+	case <-ctx.Done():
+	}
+	stop()
 	return !s.saslKnown.Load() || s.saslUpstream.Load()
+}
+
+// startProbe returns the end of the probe in flight, starting one (bounded
+// by dial.timeout.ms) when none is: connections waiting for the answer
+// share one probe rather than each making its own in turn.
+func (s *Server) startProbe() <-chan struct{} {
+	s.probingMu.Lock()
+	defer s.probingMu.Unlock()
+	if s.probing != nil {
+		return s.probing
+	}
+	done := make(chan struct{})
+	s.probing = done
+	go func() {
+		s.probeMu.Lock()
+		if !s.saslKnown.Load() {
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+			_ = s.probe(ctx)
+			cancel()
+		}
+		s.probeMu.Unlock()
+		s.probingMu.Lock()
+		s.probing = nil
+		s.probingMu.Unlock()
+		close(done)
+	}()
+	return done
+}
+
+// probeUntilKnown probes the upstream in the background, a probe at a
+// time with upstream.reconnect.backoff.ms between them (doubled up to
+// upstream.reconnect.backoff.max.ms), until one concludes whether it
+// requires SASL or Shutdown: the start-up probe did not (the cluster
+// unreachable as the proxy started), and the clients' first intercepted
+// requests would otherwise each wait for a probe of their own, up to
+// dial.timeout.ms, and have their connections closed when it fails.
+func (s *Server) probeUntilKnown() {
+	wait := s.cfg.ReconnectBackoff
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for !s.saslKnown.Load() {
+		select {
+		case <-t.C:
+		case <-s.stopped:
+			return
+		}
+		select {
+		case <-s.startProbe():
+		case <-s.stopped:
+			return
+		}
+		wait = min(2*wait, s.cfg.ReconnectBackoffMax)
+		t.Reset(wait)
+	}
 }
 
 // probe asks the upstream cluster for its brokers on a connection of its
@@ -705,6 +772,9 @@ func (s *Server) discover(ctx context.Context) error {
 			return err
 		}
 		s.log.Warn("broker discovery at start-up failed; listeners open on first metadata", "err", err)
+	}
+	if !s.saslKnown.Load() {
+		go s.probeUntilKnown()
 	}
 	return nil
 }
