@@ -773,7 +773,9 @@ func (s *Server) discover(ctx context.Context) error {
 		}
 		s.log.Warn("broker discovery at start-up failed; listeners open on first metadata", "err", err)
 	}
-	if !s.saslKnown.Load() {
+	if !s.saslKnown.Load() && s.chain.Load().active() {
+		// Asked only with interceptors (a reload that adds the first
+		// ones leaves it to their first requests).
 		go s.probeUntilKnown()
 	}
 	return nil
