@@ -186,23 +186,12 @@ func (c *conn) topicLimits(ctx context.Context, topics []string) map[string]inte
 // (the client's next request) end the watch, the client being there.
 // stop ends the watch, and waits for it.
 func (c *conn) watchGone(parent context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(parent)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		err := waitSocket(c.client)
-		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errors.ErrUnsupported) {
-			cancel() // the client closed or reset the connection
+	return c.watch(parent, func() error {
+		if err := waitSocket(c.client); !errors.Is(err, errors.ErrUnsupported) {
+			return err
 		}
-	}()
-	return ctx, func() {
-		cancel()
-		// Unblock the wait and let reads block again (unless Shutdown
-		// is draining: its deadline stays).
-		_ = c.client.SetReadDeadline(time.Now())
-		<-done
-		c.setReadDeadline(time.Time{})
-	}
+		return nil
+	})
 }
 
 // learnTopics records the topic ids of a Metadata (or
@@ -545,18 +534,29 @@ func (c *conn) produceAsIs(version int16, body []byte) bool {
 // context, or one derived from it) or the client goes away (a peek at its socket sees the end). stop ends the
 // watch; the reader may read again afterwards.
 func (c *conn) watchClient(parent context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.WithValue(parent, clientWatchedKey{}, true))
+	return c.watch(context.WithValue(parent, clientWatchedKey{}, true), func() error {
+		_, err := c.cr.Peek(1)
+		return err
+	})
+}
+
+// watch returns parent, also cancelled when wait, run on a goroutine of
+// its own while the reader reads nothing, ends with an error other than
+// the read deadline's (the client closed or broke the connection). stop
+// ends the watch (by a read deadline in the past), waits for wait to
+// return, then lets reads block again (unless Shutdown is draining: its
+// deadline stays).
+func (c *conn) watch(parent context.Context, wait func() error) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if _, err := c.cr.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			cancel() // the client closed or broke the connection
+		if err := wait(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			cancel()
 		}
 	}()
 	return ctx, func() {
 		cancel()
-		// Unblock the peek, wait for it, then let reads block again
-		// (unless Shutdown is draining: its deadline stays).
 		_ = c.client.SetReadDeadline(time.Now())
 		<-done
 		c.setReadDeadline(time.Time{})
