@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -592,7 +593,8 @@ func parseHeaders(src []byte) ([]interceptor.Header, error) {
 	for range n {
 		k := r.VarintString()
 		v := r.VarintBytes()
-		hs = append(hs, interceptor.Header{Key: k, Value: append([]byte(nil), v...)})
+		// bytes.Clone keeps an empty value empty and a null one null.
+		hs = append(hs, interceptor.Header{Key: k, Value: bytes.Clone(v)})
 	}
 	return hs, r.Complete()
 }

@@ -116,7 +116,10 @@ func TestProduceStream(t *testing.T) {
 			if version >= 13 {
 				rt.Topic, rt.TopicID, topic = "", [16]byte{1}, "by-id"
 			}
-			headers := []kmsg.Header{{Key: "h", Value: []byte("1")}, {Key: largemessage.HeaderPayloadSize, Value: []byte("9")}}
+			// An empty header value stays empty and a null one null
+			// (a consumer tells them apart: librdkafka, the Java client).
+			headers := []kmsg.Header{{Key: "h", Value: []byte("1")}, {Key: "empty", Value: []byte{}}, {Key: "null"},
+				{Key: largemessage.HeaderPayloadSize, Value: []byte("9")}}
 			rp := kmsg.NewProduceRequestTopicPartition()
 			rp.Records = batchOf(kmsg.Record{Value: []byte("small")}, kmsg.Record{Key: []byte("k"), Value: big, Headers: headers}, kmsg.Record{Value: []byte("tail")})
 			rt.Partitions = append(rt.Partitions, rp)
@@ -145,7 +148,10 @@ func TestProduceStream(t *testing.T) {
 			if err != nil || !bytes.Equal(payload, big) {
 				t.Fatalf("stored %d bytes, equal %v, %v", len(payload), bytes.Equal(payload, big), err)
 			}
-			want := map[string]string{"h": "1", largemessage.HeaderLargeMessage: "true", largemessage.HeaderPayloadSize: "300000",
+			if hs := recs[1].Headers; len(hs) < 3 || hs[1].Key != "empty" || hs[1].Value == nil || len(hs[1].Value) != 0 || hs[2].Key != "null" || hs[2].Value != nil {
+				t.Fatalf("headers %q: want empty (non-null) then null as sent", hs)
+			}
+			want := map[string]string{"h": "1", "empty": "", "null": "", largemessage.HeaderLargeMessage: "true", largemessage.HeaderPayloadSize: "300000",
 				largemessage.HeaderPayloadSHA256: fmt.Sprintf("%x", sha256.Sum256(big)),
 				largemessage.HeaderPayloadCRC32C: fmt.Sprintf("%08x", crc32.Checksum(big, crc32.MakeTable(crc32.Castagnoli)))}
 			if len(recs[1].Headers) != len(want) || recs[1].Headers[0].Key != "h" {
