@@ -30,7 +30,8 @@ func streamSetup(t *testing.T, attrs int16) (*Chain, []byte, map[int]string, [][
 		LastOffsetDelta: 2, PartitionLeaderEpoch: -1}}
 	paths := map[int]string{}
 	for i, v := range values {
-		rec := &kgo.Record{Topic: "big", Value: v, Headers: []kgo.RecordHeader{{Key: "app", Value: []byte{byte(i)}}}}
+		rec := &kgo.Record{Topic: "big", Value: v, Headers: []kgo.RecordHeader{{Key: "app", Value: []byte{byte(i)}},
+			{Key: "empty", Value: []byte{}}, {Key: "null"}}}
 		if i == 2 {
 			rec.Key = randomBytes(3, 3<<19)
 		}
@@ -148,10 +149,15 @@ func checkValues(t *testing.T, set []byte, values [][]byte, codec int16) {
 		if !bytes.Equal(v.value, values[i]) {
 			t.Errorf("record %d: value of %d bytes differs from the %d produced", i, len(v.value), len(values[i]))
 		}
-		for _, h := range d.headersOf(i) {
-			if h.Key != "app" {
+		hs := d.headersOf(i)
+		for _, h := range hs {
+			if h.Key != "app" && h.Key != "empty" && h.Key != "null" {
 				t.Errorf("record %d: header %s left", i, h.Key)
 			}
+		}
+		// An empty header value stays empty, a null one null.
+		if len(hs) != 3 || hs[1].Value == nil || len(hs[1].Value) != 0 || hs[2].Value != nil {
+			t.Errorf("record %d: headers %q, want app, empty (not null), null", i, hs)
 		}
 	}
 }
