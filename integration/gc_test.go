@@ -296,34 +296,58 @@ func TestGCCompactedTopic(t *testing.T) {
 	}
 }
 
-// A transactional producer: the payload of an aborted transaction is not
-// live and is deleted, the committed one is kept; the read ends on the
-// commit marker.
+// A transactional producer. The record of an aborted transaction stays in
+// the log, and a read_uncommitted consumer (Kafka's default isolation
+// level) reads it: its payload is live while the record is there, in a
+// delete-retention topic and in a compacted one, where an aborted record
+// after the latest committed one of its key must not stand for it (the
+// log cleaner removes the aborted one). An orphan is still deleted.
 func TestGCTransactions(t *testing.T) {
-	e := storeEnv(t, fileStoreURL(t), kgo.TransactionalID(fmt.Sprintf("ferry-gc-%d", time.Now().UnixNano())))
-	topic := newTopic(t, nil)
-	cl := e.prod.Client()
-	run := func(val []byte, commit kgo.TransactionEndTry) *kgo.Record {
-		t.Helper()
-		ctx := ctxT(t, time.Minute)
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
+	compact := "compact"
+	for _, policy := range []*string{nil, &compact} {
+		name := "delete"
+		if policy != nil {
+			name = *policy
 		}
-		r := &kgo.Record{Topic: topic, Key: []byte("k"), Value: val}
-		produceOK(t, e, r)
-		if err := cl.EndTransaction(ctx, commit); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	aborted := run(randomBytes(701, 5000), kgo.TryAbort)
-	committed := run(randomBytes(702, 5000), kgo.TryCommit)
-	sum := collect(t, e, lifecycle.Options{Topic: topic, Now: func() time.Time { return time.Now().Add(48 * time.Hour) }})
-	if got := candidatePaths(sum); !slices.Equal(got, []string{valuePath(t, aborted)}) || sum.RecordsRead != 1 {
-		t.Fatalf("deleted %v (summary %+v), want only the aborted payload", got, sum)
-	}
-	if exists(t, e.store, valuePath(t, aborted)) || !exists(t, e.store, valuePath(t, committed)) {
-		t.Fatal("aborted payload kept or committed payload deleted")
+		t.Run(name, func(t *testing.T) {
+			e := storeEnv(t, fileStoreURL(t), kgo.TransactionalID(fmt.Sprintf("ferry-gc-%s-%d", name, time.Now().UnixNano())))
+			var configs map[string]*string
+			if policy != nil {
+				configs = map[string]*string{"cleanup.policy": policy}
+			}
+			topic := newTopic(t, configs)
+			cl := e.prod.Client()
+			run := func(val []byte, commit kgo.TransactionEndTry) *kgo.Record {
+				t.Helper()
+				ctx := ctxT(t, time.Minute)
+				if err := cl.BeginTransaction(); err != nil {
+					t.Fatal(err)
+				}
+				r := &kgo.Record{Topic: topic, Key: []byte("k"), Value: val}
+				produceOK(t, e, r)
+				if err := cl.EndTransaction(ctx, commit); err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			committed := run(randomBytes(702, 5000), kgo.TryCommit)
+			aborted := run(randomBytes(701, 5000), kgo.TryAbort)
+			orphan, _ := orphans(t, e.store, topic, 703, 1)
+			sum := collect(t, e, lifecycle.Options{Topic: topic, Now: func() time.Time { return time.Now().Add(48 * time.Hour) }})
+			if got := candidatePaths(sum); !slices.Equal(got, orphan) || sum.RecordsRead != 2 {
+				t.Fatalf("deleted %v (summary %+v), want only the orphan %v, 2 records read", got, sum, orphan)
+			}
+			if !exists(t, e.store, valuePath(t, aborted)) || !exists(t, e.store, valuePath(t, committed)) {
+				t.Fatal("a payload of a record still in the log was deleted")
+			}
+			// A read_uncommitted consumer resolves both records.
+			de := largemessage.NewDeserializer(e.store, false)
+			for i, r := range consumeRaw(t, topic, 2) {
+				if err := de.Resolve(ctxT(t, time.Minute), r); err != nil || !bytes.Equal(r.Value, randomBytes(702-uint64(i), 5000)) {
+					t.Fatalf("offset %d after gc: %v", r.Offset, err)
+				}
+			}
+		})
 	}
 }
 

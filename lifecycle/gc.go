@@ -17,11 +17,15 @@
 //   - Full read (compacted topics always; delete-policy topics until a
 //     checkpoint is usable, or with ModeFull): the topic is read from the
 //     start of every partition to its last stable offset with
-//     read_committed, and no record read references the object. Live
+//     read_uncommitted, and no record read references the object. Live
 //     records are, for a topic whose cleanup.policy is delete, every
-//     committed record still in the log; for a compacted topic
-//     (cleanup.policy contains compact), the latest record of each key, as
-//     Kafka's log compaction keeps it: a key whose latest record is a
+//     record still in the log, those of aborted transactions included (a
+//     read_uncommitted consumer, Kafka's default, reads them); for a
+//     compacted topic (cleanup.policy contains compact), every
+//     transactional record still in the log (it may be an aborted one,
+//     which the log cleaner removes and which must not stand for its
+//     key's latest), and the latest other record of each key, as Kafka's
+//     log compaction keeps it: a key whose latest record is a
 //     tombstone (null value) holds no value payload. An offloaded key stays
 //     live as long as any record carrying it is in the log (a tombstone still
 //     needs its key). Partitions are read in parallel (Options.ReadWorkers
@@ -137,9 +141,9 @@
 //   - The store is listed before the topic is read, so an object written
 //     while Collect runs is never a candidate of the full read.
 //   - Objects newer than the grace period are never candidates.
-//   - The full read goes to the last stable offset with read_committed:
-//     aborted records hold nothing, and records of transactions still open
-//     are read by the recheck.
+//   - The full read goes to the last stable offset with read_uncommitted:
+//     aborted records hold their payloads while they are in the log, and
+//     records of transactions still open are read by the recheck.
 //   - A read that does not complete (no progress for 3 polls of 10 s) is an
 //     error; so is a record marked large-message (or large-message-key)
 //     whose reference does not decode, naming its topic, partition and

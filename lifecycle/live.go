@@ -51,14 +51,12 @@ type collector struct {
 }
 
 // readLive reads every partition of topic from its start to its last stable
-// offset (read_committed), workers partitions groups in parallel, and
-// returns the set of live object names (objectName), the number of records
-// read and the end offsets read to.
-//
-// If the record at end-1 is an aborted one whose abort marker lies past the
-// end (transactions interleaved with one still open when the bounds were
-// taken), the partition is done only when a later record arrives; if none
-// does within the stall bound, the read fails.
+// offset, workers partitions groups in parallel, and returns the set of
+// live object names (objectName), the number of records read and the end
+// offsets read to. It reads with read_uncommitted: a record of an aborted
+// transaction stays in the log, and a read_uncommitted consumer (Kafka's
+// default isolation.level) reads it, so its payloads are live as long as
+// the record is there (the collector decides how, for compacted topics).
 func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic string, compacted bool, workers int, progress func(int64)) (map[string]struct{}, int64, offsets, error) {
 	spans, err := bounds(ctx, adm, topic)
 	if err != nil {
@@ -73,7 +71,7 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 	for i := range cols {
 		cols[i] = &collector{compacted: compacted, live: map[string]struct{}{}, latest: map[pkey]string{}}
 	}
-	n, err := readGroups(ctx, cl, topic, spans, gs, true, func(g int, r *kgo.Record) error { return cols[g].add(r) }, progress)
+	n, err := readGroups(ctx, cl, topic, spans, gs, false, func(g int, r *kgo.Record) error { return cols[g].add(r) }, progress)
 	if err != nil {
 		return nil, n, nil, err
 	}
@@ -121,7 +119,12 @@ func objectName(fullPath string) string {
 
 // add adds the references of r to live (its key reference, and its value
 // reference unless compacted) or to latest (compacted: the value reference
-// of the latest record per key).
+// of the latest record per key). In a compacted topic a transactional
+// record's value reference is live while the record is in the log: read
+// with read_uncommitted, it may belong to an aborted transaction, which
+// must neither replace the latest committed record of its key (Kafka's log
+// cleaner removes aborted records and keeps that one) nor lose its payload
+// while read_uncommitted consumers can still read it.
 func (c *collector) add(r *kgo.Record) error {
 	keyPath, valuePath, err := references(r)
 	if err != nil {
@@ -130,7 +133,7 @@ func (c *collector) add(r *kgo.Record) error {
 	if keyPath != "" {
 		c.live[objectName(keyPath)] = struct{}{}
 	}
-	if c.compacted && r.Key != nil {
+	if c.compacted && r.Key != nil && !r.Attrs.IsTransactional() {
 		// A later record of the key replaces this one; a tombstone
 		// (nil value) or an inline value holds no payload.
 		c.latest[pkey{r.Partition, string(r.Key)}] = valuePath

@@ -29,9 +29,11 @@ record of TOPIC references and that are older than --grace (default 24h).
 
 Deciding. With a full read, the store is listed first, then the topic is
 read from the start of every partition to its last stable offset
-(read_committed: aborted records hold nothing), partitions in parallel. Live
-records are every record still in the log, or, when the topic's
-cleanup.policy contains compact, the latest record of each key (a key whose
+(read_uncommitted: a record of an aborted transaction is read by Kafka's
+default consumers and holds its payload while in the log), partitions in
+parallel. Live records are every record still in the log, or, when the
+topic's cleanup.policy contains compact, every transactional record still in
+the log and the latest other record of each key (a key whose
 latest record is a tombstone holds no value payload; an offloaded key is
 kept while any record carrying it is in the log). A topic with
 cleanup.policy=delete is not read once retention has passed a checkpoint:
