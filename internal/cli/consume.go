@@ -157,7 +157,12 @@ func (a *app) consume(ctx context.Context, f consumeFlags) error {
 	// CORRUPT_MESSAGE, which a ferry proxy answers for a record that will
 	// never open, stops ferry as it stops Kafka's console consumer; the
 	// others are retried as before (run).
-	opts := append([]kgo.Opt{kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start), kgo.KeepRetryableFetchErrors()}, g.opts...)
+	iso, err := isolationLevel(s.props)
+	if err != nil {
+		return err
+	}
+	opts := append([]kgo.Opt{kgo.ConsumeTopics(f.topic), kgo.ConsumeResetOffset(start), kgo.KeepRetryableFetchErrors(),
+		kgo.FetchIsolationLevel(iso)}, g.opts...)
 	store, cl, closeAll, err := s.open(ctx, opts...)
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ const (
 	keyAssignmentStrategy   = "partition.assignment.strategy"
 	keySessionTimeout       = "session.timeout.ms"
 	keyHeartbeatInterval    = "heartbeat.interval.ms"
+	keyIsolationLevel       = "isolation.level"
 	defaultAutoCommitPeriod = 5 * time.Second // Kafka's auto.commit.interval.ms default
 )
 
@@ -27,7 +28,25 @@ const (
 // that one client.properties serves every command.
 func consumerKeys() []string {
 	return []string{keyGroupID, keyAutoOffsetReset, keyEnableAutoCommit, keyAutoCommitInterval,
-		keyAssignmentStrategy, keySessionTimeout, keyHeartbeatInterval}
+		keyAssignmentStrategy, keySessionTimeout, keyHeartbeatInterval, keyIsolationLevel}
+}
+
+// isolationLevel reads isolation.level as Kafka's consumer does:
+// read_uncommitted (its default: records of aborted and open transactions
+// are returned too) or read_committed (fetches end at the last stable
+// offset, and aborted records are dropped). Errors are usage errors.
+func isolationLevel(p map[string]string) (kgo.IsolationLevel, error) {
+	v, ok := p[keyIsolationLevel]
+	if !ok {
+		return kgo.ReadUncommitted(), nil
+	}
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "read_uncommitted":
+		return kgo.ReadUncommitted(), nil
+	case "read_committed":
+		return kgo.ReadCommitted(), nil
+	}
+	return kgo.ReadUncommitted(), usageErrorf("consume: %s=%q: must be read_uncommitted or read_committed", keyIsolationLevel, v)
 }
 
 // groupConfig is how ferry consume joins a consumer group.
@@ -79,7 +98,7 @@ func parseGroup(p map[string]string, groupFlag string, maxPollInterval time.Dura
 	}
 	if g.id == "" {
 		for _, k := range consumerKeys() {
-			if _, ok := p[k]; ok && k != keyAutoOffsetReset && k != keyGroupID {
+			if _, ok := p[k]; ok && k != keyAutoOffsetReset && k != keyGroupID && k != keyIsolationLevel {
 				slog.Warn("property has no effect without a consumer group (--group or group.id); ignored", "key", k)
 			}
 		}
