@@ -146,7 +146,7 @@ func TestConsumeBytesChainKeepsReference(t *testing.T) {
 	}
 }
 
-// produce, consume and gc refuse a mem:// store (exit 2, nothing
+// produce, consume, gc and proxy refuse a mem:// store (exit 2, nothing
 // produced): it lives in the process, so a record produced with it
 // referenced a payload gone when ferry exited (found by a new-user helper:
 // produce said offloaded, consume then said payload not found, and kcat
@@ -160,6 +160,7 @@ func TestCLIRefusesMemStore(t *testing.T) {
 		{"produce", "--brokers", brokers, "-t", "t", "-X", "large.message.payload.store.url=mem://x", big},
 		{"consume", "--brokers", brokers, "-t", "t", "--store", "mem://x", "-n", "1"},
 		{"gc", "--brokers", brokers, "-t", "t", "--store", "mem://x", "--dry-run"},
+		{"proxy", "--upstream", brokers, "--listen", "127.0.0.1:0", "--interceptors", "large-message", "--store", "mem://x"},
 	} {
 		r := run(t, nil, args...)
 		if r.code != ExitUsage || r.stdout != "" {

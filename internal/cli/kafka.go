@@ -78,11 +78,8 @@ func (a *app) loadSettings(brokersFlag, storeFlag string, needBrokers bool) (*se
 	if err := a.applyStoreURL(p, storeFlag); err != nil {
 		return nil, err
 	}
-	if u := p[largemessage.KeyStoreURL]; strings.HasPrefix(strings.ToLower(u), "mem://") {
-		// The store lives in this process: a record produced with it
-		// would reference a payload gone when ferry exits.
-		return nil, usageErrorf("payload store %s lives in this process's memory and is gone when ferry exits (for the Go library and tests): "+
-			"produce, consume and gc need one that outlives them, a directory or file:///DIR, s3://, gs:// or azblob://", u)
+	if err := refuseMemStore(p[largemessage.KeyStoreURL]); err != nil {
+		return nil, err
 	}
 	s := &settings{props: p}
 	if err := warnIgnored(p); err != nil {
@@ -345,6 +342,18 @@ func redactURL(raw string) string { return payloadstore.RedactURL(raw) }
 
 // errNoStore: a record had to go through the payload store but none is set.
 // A configuration error, so exit 2 (a *usageError anywhere in the chain).
+// refuseMemStore refuses a mem:// store URL (a usage error): the store
+// lives in ferry's own memory, so a record produced with it would
+// reference a payload gone when ferry exits (and, behind a proxy, one
+// that the proxy's other replicas never had).
+func refuseMemStore(u string) error {
+	if !strings.HasPrefix(strings.ToLower(u), "mem://") {
+		return nil
+	}
+	return usageErrorf("payload store %s lives in this process's memory and is gone when ferry exits (for the Go library and tests): "+
+		"use one that outlives it, a directory or file:///DIR, s3://, gs:// or azblob://", u)
+}
+
 var errNoStore error = &usageError{err: errors.New("no payload store is set: use --store URL or -X " + largemessage.KeyStoreURL + "=URL (e.g. file:///var/ferry)")}
 
 // noStore is the PayloadStore used when none is configured.

@@ -278,6 +278,11 @@ func (a *app) proxyConfig(cmd *cobra.Command, configFile string, pf proxyFlags) 
 	} else if store != "" {
 		return cfg, usageErrorf("--store is for the large-message interceptor: add --interceptors large-message")
 	}
+	for _, sp := range cfg.Interceptors {
+		if err := refuseMemStore(sp.Config[largemessage.KeyStoreURL]); err != nil {
+			return cfg, err
+		}
+	}
 	return cfg, nil
 }
 

@@ -21,10 +21,11 @@ var storeForms = map[string]string{
 }
 
 // storeSchemes lists the registered store schemes (payloadstore.Schemes)
-// for help texts, "s3://, gs://, azblob://, file://, mem://": those of
-// storeForms in that order, then any other in the registry.
+// for help texts, "s3://, gs://, azblob://, file://": those of storeForms
+// in that order, then any other in the registry but mem://, which the
+// commands refuse (a store in ferry's own memory is gone when it exits).
 func storeSchemes() string {
-	order := []string{"s3", "gs", "azblob", "file", "mem"}
+	order := []string{"s3", "gs", "azblob", "file"}
 	var out []string
 	for _, s := range order {
 		if slices.Contains(payloadstore.Schemes(), s) {
@@ -32,7 +33,7 @@ func storeSchemes() string {
 		}
 	}
 	for _, s := range payloadstore.Schemes() {
-		if !slices.Contains(order, s) {
+		if !slices.Contains(order, s) && s != "mem" {
 			out = append(out, s+"://")
 		}
 	}

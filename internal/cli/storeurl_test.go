@@ -221,8 +221,9 @@ func TestHelpListsEveryStoreScheme(t *testing.T) {
 		t.Fatalf("registered schemes: %v", payloadstore.Schemes())
 	}
 	for _, s := range payloadstore.Schemes() {
-		if !strings.Contains(r.stdout, " "+s+"://") {
-			t.Errorf("--help does not name %s://:\n%s", s, r.stdout)
+		// mem:// is the library's and the tests' (every command refuses it).
+		if named := strings.Contains(r.stdout, " "+s+"://"); named != (s != "mem") {
+			t.Errorf("--help names %s:// %v, want %v:\n%s", s, named, s != "mem", r.stdout)
 		}
 	}
 }
