@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"regexp"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/interceptor"
+	"github.com/ferrykit/ferry/internal/faultproxy"
 )
 
 // counting is a produce interceptor that counts the records it sees.
@@ -190,32 +190,12 @@ func TestUnauthenticatedFrameHoldsNoMemory(t *testing.T) {
 // that closes its connection meanwhile ends the wait: the connection does
 // not stay open until the probe's dial.timeout.ms is up.
 func TestSASLProbeWaitEndsWithClient(t *testing.T) {
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	silent, err := faultproxy.NewSilent() // accepts, never answers
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	var mu sync.Mutex
-	var held []net.Conn
-	defer func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // never answered
-			mu.Unlock()
-		}
-	}()
-	s, err := New(Config{Upstream: []string{silent.Addr().String()}, Listen: "127.0.0.1:0", DialTimeout: 8 * time.Second,
+	s, err := New(Config{Upstream: []string{silent.Addr()}, Listen: "127.0.0.1:0", DialTimeout: 8 * time.Second,
 		Logger: slog.New(slog.DiscardHandler), Interceptors: []interceptor.Spec{{Name: "test-counting"}}})
 	if err != nil {
 		t.Fatal(err)
