@@ -311,18 +311,22 @@ func storeErr(err error) error {
 // references at once, and the publishing is deferred until the batch fits.
 func (l *LargeMessage) ProcessRecord(ctx context.Context, r *Record) error {
 	if v, err := l.streamed(ctx, r); v != nil || err != nil {
-		// Published as it arrived (StreamValue): its reference stands if
-		// the reference record fits the threshold, as an offload planned
-		// in memory must (PlanOffload's ErrRecordTooLarge). A streamed
-		// record's key is not offloaded. Refused, the partition fails and
-		// the value is deleted (Streams.AbortUncommitted).
+		// Published as it arrived (StreamValue): the record holds its
+		// reference and headers, as PlanOffload's value offload would
+		// have left them. If the reference record does not fit the
+		// threshold, its key (in memory) is offloaded as PlanOffload
+		// offloads it after the value (PlanKey: the same plan, deferred,
+		// published only once the batch fits); a record that cannot fit
+		// even so is refused (ErrRecordTooLarge). Refused, the partition
+		// fails and the value is deleted (Streams.AbortUncommitted).
 		if err != nil {
 			return err
 		}
 		lim := l.limits(r)
-		if fits, ferr := (largemessage.Codec{Type: "none"}).Fits(lim, r.Key, r.Value, r.Headers); ferr == nil && !fits {
-			return storeErr(fmt.Errorf("topic %s: %w (the reference record of a value streamed to the store is %d bytes, its key %d; threshold %d)",
-				r.Topic, largemessage.ErrRecordTooLarge, largemessage.RecordLen(r.Key, r.Value, r.Headers), len(r.Key), lim.Threshold))
+		if err := l.plan(r, func(ser *largemessage.Serializer, kr *kgo.Record) (*largemessage.Plan, error) {
+			return ser.PlanKey(ctx, kr, lim)
+		}); err != nil {
+			return err
 		}
 		r.Defer(v)
 		return nil

@@ -237,7 +237,7 @@ type sidePlan struct {
 // will have. It returns nil when rec fits as it is (after Adopt). Errors:
 // ErrRecordTooLarge (nothing published), Adopt's errors, ErrNoPayloadStore.
 func (s *Serializer) PlanOffload(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
-	return s.plan(ctx, rec, l, false)
+	return s.plan(ctx, rec, l, planFit)
 }
 
 // PlanValue is PlanOffload offloading rec's value whatever its size (then
@@ -246,14 +246,42 @@ func (s *Serializer) PlanOffload(ctx context.Context, rec *kgo.Record, l Limits)
 // returns nil if the record fits, else ErrRecordTooLarge. It is how the proxy makes a batch of records that each fit
 // smaller, and how the Producer recovers a record the broker refused.
 func (s *Serializer) PlanValue(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
-	return s.plan(ctx, rec, l, true)
+	return s.plan(ctx, rec, l, planForceValue)
 }
 
-func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force bool) (*Plan, error) {
-	keyRef, valueRef, rebinds, err := s.adopt(ctx, rec)
-	if err != nil {
-		return nil, err
+// PlanKey is PlanOffload for a record whose value is already a reference
+// with its headers, published apart and checked by the caller (a value the
+// proxy streamed to the store as it arrived): the value is left as it is
+// (not adopted: its object is not read again), and the key is offloaded,
+// as PlanOffload offloads it after the value, when the record does not fit
+// l otherwise. It returns nil when the record fits as it is. Errors:
+// ErrRecordTooLarge (nothing published), ErrNoPayloadStore.
+func (s *Serializer) PlanKey(ctx context.Context, rec *kgo.Record, l Limits) (*Plan, error) {
+	return s.plan(ctx, rec, l, planKeyOnly)
+}
+
+// planMode is what plan may offload.
+type planMode int
+
+const (
+	planFit        planMode = iota // PlanOffload: what the record needs to fit
+	planForceValue                 // PlanValue: the value whatever its size, then the key if needed
+	planKeyOnly                    // PlanKey: the value is a reference already; the key if needed
+)
+
+func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, mode planMode) (*Plan, error) {
+	force := mode == planForceValue
+	var keyRef, valueRef bool
+	var rebinds []payloadstore.Rebinding
+	if mode == planKeyOnly {
+		keyRef, valueRef = marked(rec.Headers, keySide.marker), true
+	} else {
+		var err error
+		if keyRef, valueRef, rebinds, err = s.adopt(ctx, rec); err != nil {
+			return nil, err
+		}
 	}
+	var err error
 	canValue := !valueRef && !s.noValue && rec.Value != nil
 	canKey := !keyRef && !s.noKey && rec.Key != nil
 	var fits bool
@@ -275,9 +303,15 @@ func (s *Serializer) plan(ctx context.Context, rec *kgo.Record, l Limits, force 
 	var orders [][]side
 	switch {
 	case canValue && (force || len(rec.Value) >= len(rec.Key) || !canKey):
-		orders = [][]side{{valueSide}, {valueSide, keySide}}
+		orders = [][]side{{valueSide}}
+		if canKey {
+			orders = append(orders, []side{valueSide, keySide})
+		}
 	case canKey:
-		orders = [][]side{{keySide}, {keySide, valueSide}}
+		orders = [][]side{{keySide}}
+		if canValue {
+			orders = append(orders, []side{keySide, valueSide})
+		}
 	}
 	if s.store != nil && s.root() == "" {
 		return s.publishFirst(ctx, rec, l, orders) // (a store without ObjectStore has no rebinds)

@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -433,5 +434,215 @@ func TestProduceStreamLongTimestampDelta(t *testing.T) {
 	}
 	if n := storeObjects(t, store, "lm"); n != 1 {
 		t.Fatalf("%d objects in the store, want 1", n)
+	}
+}
+
+// streamKeyRequest is a Produce v9 request to "lm" of one batch: a small
+// record, then one with key and a streamed value big (and headers hs).
+func streamKeyRequest(key, big []byte, hs []kmsg.Header) *kmsg.ProduceRequest {
+	req := kmsg.NewPtrProduceRequest()
+	req.Version, req.Acks, req.TimeoutMillis = 9, -1, 30000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = "lm"
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = batchOf(kmsg.Record{Value: []byte("small")}, kmsg.Record{Key: key, Value: big, Headers: hs})
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	return req
+}
+
+// interceptStreamed reads req as a streamed frame (its large value to the
+// store) and runs chain over it; it returns the outcome, the request as
+// rewritten and the streams (release once done with them).
+func interceptStreamed(t *testing.T, env produceEnv, chain *interceptor.Chain, req *kmsg.ProduceRequest) (interceptor.ProduceOutcome, *kmsg.ProduceRequest, *interceptor.Streams, func()) {
+	t.Helper()
+	frame, release, streams, err := readStreamFrame(t, env, streamedProduceFrame(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if streams.Len() != 1 {
+		t.Fatalf("%d values streamed, want 1", streams.Len())
+	}
+	h, _ := ParseRequestHeader(frame[4:])
+	got, err := decodeProduce(req.Version, frame[4+h.Len:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := chain.InterceptProduce(interceptor.WithStreams(context.Background(), streams), got, env.limits2())
+	return out, got, streams, func() { out.Release(); release() }
+}
+
+// A record whose value streams to the store and whose key is too large
+// for the reference record to fit the threshold: the key is offloaded as
+// large-message offloads it when the value is read whole (same reference,
+// same headers in the same order, the key's object under its content id),
+// published once the batch fits. Found by a user: a 2 MB key with a 9.5 MB
+// value was refused MESSAGE_TOO_LARGE, "even with key and value offloaded",
+// its key never offloaded.
+func TestProduceStreamOffloadsKey(t *testing.T) {
+	env, store, chain := streamEnv(t, 4096)
+	key := make([]byte, 5000)
+	_, _ = rand.NewChaCha8([32]byte{41}).Read(key)
+	big := make([]byte, 300_000)
+	_, _ = rand.NewChaCha8([32]byte{42}).Read(big)
+	hs := []kmsg.Header{{Key: "h", Value: []byte("1")}}
+
+	out, got, streams, release := interceptStreamed(t, env, chain, streamKeyRequest(key, big, hs))
+	if !out.Forward || len(out.Answered) != 0 {
+		t.Fatalf("chain: forward %v, answered %+v", out.Forward, out.Answered)
+	}
+	if n := streams.AbortUncommitted(context.Background()); n != 0 {
+		t.Fatalf("%d streamed values left uncommitted", n)
+	}
+	_, recs := decodeBatch(t, got.Topics[0].Partitions[0].Records)
+	streamed := recs[1]
+	if string(recs[0].Value) != "small" {
+		t.Fatalf("records came out as %+v", recs)
+	}
+	kref, err := largemessage.DecodeReference(streamed.Key)
+	if err != nil {
+		t.Fatalf("the key (%d bytes) is not a reference: %v", len(streamed.Key), err)
+	}
+	vref, err := largemessage.DecodeReference(streamed.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string][]byte{kref.FullPayloadPath: key, vref.FullPayloadPath: big} {
+		b, err := payloadstore.DownloadBytes(context.Background(), store, path)
+		if err != nil || !bytes.Equal(b, want) {
+			t.Fatalf("%s: %d bytes stored, equal %v, %v", path, len(b), bytes.Equal(b, want), err)
+		}
+	}
+	if !payloadstore.IsContentID(kref.FullPayloadPath) {
+		t.Fatalf("key path %s is not the key's content id", kref.FullPayloadPath)
+	}
+	if n := storeObjects(t, store, "lm"); n != 2 {
+		t.Fatalf("%d objects in the store, want the value's and the key's", n)
+	}
+
+	// The same record read whole (not streamed): the same key reference and
+	// the same headers, in the same order.
+	whole := streamKeyRequest(key, big, hs)
+	wout := chain.InterceptProduce(context.Background(), whole, env.limits2())
+	if !wout.Forward || len(wout.Answered) != 0 {
+		t.Fatalf("chain, read whole: forward %v, answered %+v", wout.Forward, wout.Answered)
+	}
+	_, wrecs := decodeBatch(t, whole.Topics[0].Partitions[0].Records)
+	wout.Release()
+	if !bytes.Equal(wrecs[1].Key, streamed.Key) {
+		t.Fatalf("key reference %q, read whole %q", streamed.Key, wrecs[1].Key)
+	}
+	if len(wrecs[1].Headers) != len(streamed.Headers) {
+		t.Fatalf("headers %v, read whole %v", streamed.Headers, wrecs[1].Headers)
+	}
+	for i, h := range streamed.Headers {
+		if w := wrecs[1].Headers[i]; w.Key != h.Key || !bytes.Equal(w.Value, h.Value) {
+			t.Fatalf("header %d: %s=%q, read whole %s=%q", i, h.Key, h.Value, w.Key, w.Value)
+		}
+	}
+	wantKeys := []string{"h", largemessage.HeaderLargeMessage, largemessage.HeaderPayloadSize, largemessage.HeaderPayloadSHA256,
+		largemessage.HeaderPayloadCRC32C, largemessage.HeaderLargeMessageKey, largemessage.HeaderKeyPayloadSize, largemessage.HeaderKeyPayloadSHA256}
+	for i, h := range streamed.Headers {
+		if i >= len(wantKeys) || h.Key != wantKeys[i] {
+			t.Fatalf("headers %v, want the keys %v", streamed.Headers, wantKeys)
+		}
+	}
+	if v := streamed.Headers[5].Value; string(v) != "true" {
+		t.Fatalf("%s = %q", largemessage.HeaderLargeMessageKey, v)
+	}
+
+	// The broker refuses the partition: the streamed value goes with the
+	// rest of the record's offload (the key's object, named by content id,
+	// is shared by the record read whole, and stays, as it does for that one).
+	resp := kmsg.NewPtrProduceResponse()
+	resp.Version = 9
+	rtp := kmsg.NewProduceResponseTopic()
+	rtp.Topic = "lm"
+	rpp := kmsg.NewProduceResponseTopicPartition()
+	rpp.ErrorCode = kerr.InvalidRecord.Code
+	rtp.Partitions = append(rtp.Partitions, rpp)
+	resp.Topics = append(resp.Topics, rtp)
+	out.Refused(context.Background(), resp)
+	release()
+	if _, err := payloadstore.DownloadBytes(context.Background(), store, vref.FullPayloadPath); err == nil {
+		t.Fatal("the streamed value's object is still there after the broker refused its partition")
+	}
+	if n := env.mem.InUse(); n != 0 {
+		t.Fatalf("%d bytes of the budget held after release", n)
+	}
+}
+
+// A streamed record that cannot fit even with its key and value offloaded
+// (its headers alone are over the threshold) is refused MESSAGE_TOO_LARGE
+// with a message that says so, and nothing of it is left in the store:
+// neither the streamed value nor the key (never published).
+func TestProduceStreamKeyCannotFit(t *testing.T) {
+	env, store, chain := streamEnv(t, 4096)
+	key := bytes.Repeat([]byte("k"), 3000)
+	big := bytes.Repeat([]byte("v"), 200_000)
+	hs := []kmsg.Header{{Key: "huge", Value: bytes.Repeat([]byte("h"), 5000)}}
+	out, _, streams, release := interceptStreamed(t, env, chain, streamKeyRequest(key, big, hs))
+	defer release()
+	if len(out.Answered) != 1 || out.Answered[0].ErrorCode != kerr.MessageTooLarge.Code {
+		t.Fatalf("answered %+v, want MESSAGE_TOO_LARGE", out.Answered)
+	}
+	if msg := out.Answered[0].ErrorMessage; !strings.Contains(msg, largemessage.ErrRecordTooLarge.Error()) {
+		t.Fatalf("error message %q, want %q", msg, largemessage.ErrRecordTooLarge)
+	}
+	t.Logf("refused: %s", out.Answered[0].ErrorMessage)
+	streams.AbortUncommitted(context.Background())
+	if n := storeObjects(t, store, "lm"); n != 0 {
+		t.Fatalf("%d objects left in the store", n)
+	}
+}
+
+// objectStore is a store with key-level operations (the mem store).
+type objectStore interface {
+	payloadstore.PayloadStore
+	payloadstore.ObjectStore
+}
+
+// failSize is a store whose Publish fails for payloads of one size.
+type failSize struct {
+	objectStore
+	size int64
+}
+
+func (f failSize) UnwrapStore() payloadstore.PayloadStore { return f.objectStore }
+
+func (f failSize) Publish(ctx context.Context, topic string, p payloadstore.Payload) (payloadstore.PayloadResponse, error) {
+	if p.Size == f.size {
+		return payloadstore.PayloadResponse{}, &payloadstore.Error{Op: "publish", Path: topic, Err: fmt.Errorf("injected failure")}
+	}
+	return f.objectStore.Publish(ctx, topic, p)
+}
+
+// The key's publish fails (a store error, once the batch fits): the
+// partition fails KAFKA_STORAGE_ERROR and the streamed value is deleted
+// with it, as when the value's own offload fails.
+func TestProduceStreamKeyPublishFails(t *testing.T) {
+	env, _, _ := streamEnv(t, 4096)
+	inner, ok := payloadstore.Wrap(payloadstore.NewMemStore(fmt.Sprintf("pstream-%d", rand.Int64()), payloadstore.IDUUID{}),
+		payloadstore.Policy{Timeout: 5 * time.Second}).(objectStore)
+	if !ok {
+		t.Skip("the mem store has no key-level operations")
+	}
+	key := bytes.Repeat([]byte("k"), 5000)
+	store := failSize{inner, int64(len(key))}
+	cfg, err := largemessage.ParseConfig(map[string]string{largemessage.KeyStoreURL: "mem://unused"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm := interceptor.NewLargeMessage(store, cfg, regexp.MustCompile(".*"))
+	chain := interceptor.NewChain([]interceptor.Instance{{Produce: lm}}, interceptor.Options{Memory: env.mem, Timeout: 5 * time.Second})
+	env.streamer = func(string) interceptor.ValueStreamer { return smallStreamer{lm} }
+	out, _, streams, release := interceptStreamed(t, env, chain, streamKeyRequest(key, bytes.Repeat([]byte("v"), 200_000), nil))
+	defer release()
+	if len(out.Answered) != 1 || out.Answered[0].ErrorCode != kerr.KafkaStorageError.Code {
+		t.Fatalf("answered %+v, want KAFKA_STORAGE_ERROR", out.Answered)
+	}
+	streams.AbortUncommitted(context.Background())
+	if n := storeObjects(t, store, "lm"); n != 0 {
+		t.Fatalf("%d objects left in the store", n)
 	}
 }
