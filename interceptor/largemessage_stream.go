@@ -118,7 +118,8 @@ func (l *LargeMessage) streamed(ctx context.Context, r *Record) (*StreamedValue,
 	}
 	if marks := (kgo.Record{Headers: r.Headers}); largemessage.IsKeyOffloaded(&marks) {
 		// The key's reference would need the checks a produced reference
-		// gets (Adopt), which streamed records skip.
+		// gets (Adopt), which streamed records skip. (A key the client
+		// sent inline is offloaded by ProcessRecord when it must be.)
 		return nil, fmt.Errorf("%w: topic %s partition %s record %d: a record whose value is streamed (over %s) cannot carry a key reference (header %s)",
 			kerr.InvalidRecord, r.Topic, strconv.Itoa(int(r.Partition)), r.Offset, KeyStreamThreshold, largemessage.HeaderLargeMessageKey)
 	}
