@@ -74,6 +74,14 @@ const (
 	// cleanupTimeout bounds deleting a payload whose record was not
 	// produced.
 	cleanupTimeout = 15 * time.Second
+	// deliveryGrace is how long deliver waits past delivery.timeout.ms
+	// for franz-go to fail the record itself (with its last error) before
+	// giving up on it: franz-go does not fail an idempotent record whose
+	// produce request is unanswered (deliver's comment), so a broker
+	// that stops answering would hold the record for ever. A record
+	// given up on fails within delivery.timeout.ms + deliveryGrace +
+	// safeAbortWait (2 s) of being handed to the client.
+	deliveryGrace = time.Second
 )
 
 // sendError is an input that was not produced: why, and what became of the
@@ -118,41 +126,93 @@ type delivery struct {
 // broker answers, however long that takes), so it may be in the topic; it
 // is then abandoned (UnsafeAbortBufferedRecords) and its promise awaited
 // for at most abortWait.
+//
+// The same happens when the record is not acknowledged within
+// delivery.timeout.ms (+ deliveryGrace) of being handed to the client:
+// franz-go's RecordDeliveryTimeout is checked only before a request is
+// written and after a response, and never fails an idempotent record whose
+// request went out unanswered (a broker stopped with SIGSTOP, or hung, on a
+// connection that stays open: franz-go's read deadline, ProduceRequestTimeout
+// + RequestTimeoutOverhead, kills the connection and the record is sent
+// again, for ever). The record then fails with errNotAcknowledged.
 func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) delivery {
 	done := make(chan delivery, 1)
 	promise := func(r *kgo.Record, err error) { done <- delivery{rec: r, err: err} }
+	// The record's context, ended when it is given up on: franz-go fails
+	// a record whose context ended wherever that is safe.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	if prepare {
-		s.prod.Produce(ctx, rec, promise)
+		// Any payload is published before Produce returns: the
+		// delivery timeout counts from then, as Java's from send().
+		s.prod.Produce(rctx, rec, promise)
 	} else {
-		s.prod.Client().Produce(ctx, rec, promise)
+		s.prod.Client().Produce(rctx, rec, promise)
 	}
+	giveUp := time.NewTimer(s.delivery + deliveryGrace)
+	defer giveUp.Stop()
 	var d delivery
 	select {
 	case d = <-done:
 	case <-ctx.Done():
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), safeAbortWait)
-		err := s.prod.Client().AbortBufferedRecords(actx)
+		d = s.abort(ctx, rec, done, context.Cause(ctx))
+	case <-giveUp.C:
 		cancel()
-		inFlight := err != nil
-		if inFlight {
-			s.prod.Client().UnsafeAbortBufferedRecords()
+		d = s.abort(ctx, rec, done, errNotAcknowledged)
+		if ctx.Err() == nil && (d.abandoned || errors.Is(d.err, kgo.ErrAborting) || errors.Is(d.err, context.Canceled)) {
+			// The record failed because it was given up on (an
+			// error of franz-go's own, arriving meanwhile, stays).
+			d.err = s.notAcknowledged(d.sent)
 		}
-		select {
-		case d = <-done:
-		case <-time.After(abortWait):
-			d = delivery{rec: rec, err: context.Cause(ctx), abandoned: true}
-		}
-		d.sent = inFlight && d.err != nil
 	}
 	if d.rec == nil {
 		d.rec = rec
 	}
-	if errors.Is(d.err, kgo.ErrRecordTimeout) {
+	if errors.Is(d.err, kgo.ErrRecordTimeout) && !errors.Is(d.err, errNotAcknowledged) {
 		// franz-go names the last error only when a retry produced it.
 		d.err = fmt.Errorf("%w (delivery.timeout.ms=%d: not acknowledged within it, retries included; the brokers, or a proxy's log, say why; -X %s=MS to wait longer)",
 			d.err, s.delivery.Milliseconds(), keyDeliveryTimeout)
 	}
 	return d
+}
+
+// abort fails rec, whose promise goes to done, after ctx ended or its
+// delivery timeout passed (why, for an abandoned record's error): at a safe
+// point if the client reaches one within safeAbortWait, otherwise unsafely
+// (the record was sent and is unanswered: d.sent). A promise that brings no
+// error means the record was produced meanwhile.
+func (s *sender) abort(ctx context.Context, rec *kgo.Record, done <-chan delivery, why error) delivery {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), safeAbortWait)
+	err := s.prod.Client().AbortBufferedRecords(actx)
+	cancel()
+	inFlight := err != nil
+	if inFlight {
+		s.prod.Client().UnsafeAbortBufferedRecords()
+	}
+	var d delivery
+	select {
+	case d = <-done:
+	case <-time.After(abortWait):
+		d = delivery{rec: rec, err: why, abandoned: true}
+	}
+	d.sent = inFlight && d.err != nil
+	return d
+}
+
+// errNotAcknowledged is the error of a record ferry gave up on after
+// delivery.timeout.ms (sender.notAcknowledged gives the text).
+var errNotAcknowledged = fmt.Errorf("not acknowledged within delivery.timeout.ms%w", noText{kgo.ErrRecordTimeout})
+
+// notAcknowledged is the error of a record given up on after
+// delivery.timeout.ms: sent says whether its produce request went out (and
+// was not answered) or the record was still waiting in the client.
+func (s *sender) notAcknowledged(sent bool) error {
+	why := "the record was not sent: the client was still waiting on the broker (for a connection, metadata or a producer id)"
+	if sent {
+		why = "its produce request was sent and not answered (a broker stopped or hung, or a network that drops packets)"
+	}
+	return fmt.Errorf("not acknowledged within delivery.timeout.ms=%d: %s; -X %s=MS to wait longer%w",
+		s.delivery.Milliseconds(), why, keyDeliveryTimeout, noText{errNotAcknowledged})
 }
 
 // release deals with the payloads published for a record whose produce
