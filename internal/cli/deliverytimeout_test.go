@@ -58,7 +58,7 @@ func TestDeliveryTimeoutUnansweredProduce(t *testing.T) {
 		t.Fatalf("store objects %v, want big's payload", objs)
 	}
 	r := runResult{stderr: p.stderr.String()}
-	oneErrorLine(t, r, "ferry: "+big+": producing the reference: not acknowledged within delivery.timeout.ms=3000: its produce request was sent and not answered")
+	oneErrorLine(t, r, "ferry: "+big+": producing the reference: timed out after delivery.timeout.ms=3000 without an acknowledgement: its produce request was sent and not answered")
 	oneErrorLine(t, r, "; its payload file://"+filepath.ToSlash(objs[0])+
 		" was kept: the produce request was sent but not answered, so the record may be in the topic")
 	oneErrorLine(t, r, "; produced 1 of 3 inputs: "+small+" t/0@0; not produced: "+big+", "+third)
@@ -88,7 +88,7 @@ func TestDeliveryTimeoutBeforeSend(t *testing.T) {
 	if took > 15*time.Second {
 		t.Errorf("ferry took %s to give up (delivery.timeout.ms=3000)", took)
 	}
-	oneErrorLine(t, runResult{stderr: p.stderr.String()}, "ferry: "+big+": producing the reference: not acknowledged within delivery.timeout.ms=3000: the record was not sent")
+	oneErrorLine(t, runResult{stderr: p.stderr.String()}, "ferry: "+big+": producing the reference: timed out after delivery.timeout.ms=3000 without an acknowledgement: the record was not sent")
 	oneErrorLine(t, runResult{stderr: p.stderr.String()}, " was deleted")
 	if objs := storeObjects(t, storeDir); len(objs) != 0 {
 		t.Errorf("store objects left: %v", objs)

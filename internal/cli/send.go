@@ -9,9 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/internal/ctxio"
 	"github.com/ferrykit/ferry/largemessage"
@@ -40,12 +42,27 @@ type sender struct {
 	progress  bool               // draw progress bars on stderr
 	stderr    io.Writer
 	delivery  time.Duration // delivery.timeout.ms, for its error's text
+	// answers counts the Produce responses read from the brokers (an
+	// answer, an error or not): a record given up on after
+	// delivery.timeout.ms either got none or was refused with retriable
+	// errors.
+	answers *produceAnswers
+}
+
+// produceAnswers is a franz-go hook counting the Produce responses read.
+type produceAnswers struct{ n atomic.Int64 }
+
+func (h *produceAnswers) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == kmsg.Produce.Int16() && err == nil {
+		h.n.Add(1)
+	}
 }
 
 // openSender opens the payload store and the Kafka client (settings.open)
 // and makes a sender over them; closeAll releases both.
 func (s *settings) openSender(ctx context.Context, progress bool, stderr io.Writer) (*sender, *kgo.Client, func(), error) {
-	store, cl, closeAll, err := s.open(ctx)
+	answers := &produceAnswers{}
+	store, cl, closeAll, err := s.open(ctx, kgo.WithHooks(answers))
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -60,7 +77,7 @@ func (s *settings) openSender(ctx context.Context, progress bool, stderr io.Writ
 	}
 	delivery, _ := s.deliveryTimeout() // checked by clientOpts
 	return &sender{prod: prod, store: store, hasStore: s.cfg.StoreURL != "", codec: codec, threshold: s.cfg.Threshold,
-		progress: progress, stderr: stderr, delivery: delivery}, cl, closeAll, nil
+		progress: progress, stderr: stderr, delivery: delivery, answers: answers}, cl, closeAll, nil
 }
 
 // Time limits of the clean-up after a failed or interrupted produce.
@@ -149,6 +166,7 @@ func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) del
 	} else {
 		s.prod.Client().Produce(rctx, rec, promise)
 	}
+	answered := s.answers.n.Load()
 	giveUp := time.NewTimer(s.delivery + deliveryGrace)
 	defer giveUp.Stop()
 	var d delivery
@@ -162,7 +180,7 @@ func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) del
 		if ctx.Err() == nil && (d.abandoned || errors.Is(d.err, kgo.ErrAborting) || errors.Is(d.err, context.Canceled)) {
 			// The record failed because it was given up on (an
 			// error of franz-go's own, arriving meanwhile, stays).
-			d.err = s.notAcknowledged(d.sent)
+			d.err = s.notAcknowledged(d.sent, s.answers.n.Load() != answered)
 		}
 	}
 	if d.rec == nil {
@@ -205,13 +223,18 @@ var errNotAcknowledged = fmt.Errorf("not acknowledged within delivery.timeout.ms
 
 // notAcknowledged is the error of a record given up on after
 // delivery.timeout.ms: sent says whether its produce request went out (and
-// was not answered) or the record was still waiting in the client.
-func (s *sender) notAcknowledged(sent bool) error {
+// was not answered) or the record was still waiting in the client;
+// answered, whether the brokers answered produce requests meanwhile
+// (refusing the record with retriable errors).
+func (s *sender) notAcknowledged(sent, answered bool) error {
 	why := "the record was not sent: the client was still waiting on the broker (for a connection, metadata or a producer id)"
-	if sent {
+	switch {
+	case sent && answered:
+		why = "the broker answered its produce requests without accepting it (retriable errors: the brokers, or a proxy's log, say why), and the last one sent is unanswered"
+	case sent:
 		why = "its produce request was sent and not answered (a broker stopped or hung, or a network that drops packets)"
 	}
-	return fmt.Errorf("not acknowledged within delivery.timeout.ms=%d: %s; -X %s=MS to wait longer%w",
+	return fmt.Errorf("timed out after delivery.timeout.ms=%d without an acknowledgement: %s; -X %s=MS to wait longer%w",
 		s.delivery.Milliseconds(), why, keyDeliveryTimeout, noText{errNotAcknowledged})
 }
 
