@@ -1054,7 +1054,7 @@ func (r *run) scan(ctx context.Context, phase, topic string, from offsets, names
 		found[i] = map[string]refAt{}
 	}
 	base := r.sum.Rechecked
-	n, err := readGroups(ctx, r.cl, topic, spans, gs, false, func(g int, rec *kgo.Record) error {
+	n, err := readGroups(ctx, r.cl, topic, spans, gs, func(g int, rec *kgo.Record) error {
 		kp, vp, err := references(rec)
 		if err != nil {
 			return err

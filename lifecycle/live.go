@@ -71,7 +71,7 @@ func readLive(ctx context.Context, cl *kgo.Client, adm *kadm.Client, topic strin
 	for i := range cols {
 		cols[i] = &collector{compacted: compacted, live: map[string]struct{}{}, latest: map[pkey]string{}}
 	}
-	n, err := readGroups(ctx, cl, topic, spans, gs, false, func(g int, r *kgo.Record) error { return cols[g].add(r) }, progress)
+	n, err := readGroups(ctx, cl, topic, spans, gs, func(g int, r *kgo.Record) error { return cols[g].add(r) }, progress)
 	if err != nil {
 		return nil, n, nil, err
 	}

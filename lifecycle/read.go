@@ -87,22 +87,22 @@ func defaultWorkers() int { return min(8, max(2, runtime.GOMAXPROCS(0))) }
 // readGroups reads spans of topic, group g's partitions by its own client in
 // its own goroutine, and calls handle(g, r) from that goroutine for every
 // record (control records excluded) whose offset lies in its partition's
-// span. committed selects read_committed isolation (a committed read ends at
-// the last stable offset; aborted records are not returned) instead of
-// read_uncommitted. progress is called from the calling goroutine with the
+// span, read with read_uncommitted (records of aborted and open
+// transactions included: a consumer with Kafka's default isolation level
+// reads them). progress is called from the calling goroutine with the
 // number of records handled so far. It returns that number.
 //
 // A partition is done once a record (control records included) at or past
 // its end-1 is seen. A group that makes no progress for maxIdlePolls poll
 // timeouts fails the read, naming the partition and offset; the first error
 // of any group stops all of them.
-func readGroups(ctx context.Context, cl *kgo.Client, topic string, spans map[int32]span, gs [][]int32, committed bool,
+func readGroups(ctx context.Context, cl *kgo.Client, topic string, spans map[int32]span, gs [][]int32,
 	handle func(g int, r *kgo.Record) error, progress func(int64)) (int64, error) {
 	var read atomic.Int64
 	eg, gctx := errgroup.WithContext(ctx)
 	for g, ps := range gs {
 		eg.Go(func() error {
-			return readGroup(gctx, cl, topic, spans, ps, committed, &read, func(r *kgo.Record) error { return handle(g, r) })
+			return readGroup(gctx, cl, topic, spans, ps, &read, func(r *kgo.Record) error { return handle(g, r) })
 		})
 	}
 	done := make(chan error, 1)
@@ -120,7 +120,7 @@ func readGroups(ctx context.Context, cl *kgo.Client, topic string, spans map[int
 	}
 }
 
-func readGroup(ctx context.Context, cl *kgo.Client, topic string, spans map[int32]span, ps []int32, committed bool,
+func readGroup(ctx context.Context, cl *kgo.Client, topic string, spans map[int32]span, ps []int32,
 	read *atomic.Int64, handle func(*kgo.Record) error) error {
 	assign := make(map[int32]kgo.Offset)
 	pending := make(map[int32]int64) // partition -> the next offset expected
@@ -128,13 +128,9 @@ func readGroup(ctx context.Context, cl *kgo.Client, topic string, spans map[int3
 		assign[p] = kgo.NewOffset().At(spans[p].start)
 		pending[p] = spans[p].start
 	}
-	iso := kgo.ReadUncommitted()
-	if committed {
-		iso = kgo.ReadCommitted()
-	}
 	rc, err := kgo.NewClient(append(cl.Opts(),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: assign}),
-		kgo.FetchIsolationLevel(iso),
+		kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(fetchMaxBytes),
 		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
