@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,8 +50,22 @@ type sender struct {
 	answers *produceAnswers
 }
 
-// produceAnswers is a franz-go hook counting the Produce responses read.
-type produceAnswers struct{ n atomic.Int64 }
+// produceAnswers is a franz-go hook counting the Produce responses read,
+// and noting the records the brokers acknowledged (acked: *kgo.Record to
+// struct{}; deliver deletes its record's entry).
+type produceAnswers struct {
+	n     atomic.Int64
+	acked sync.Map
+}
+
+// OnProduceRecordUnbuffered notes an acknowledged record: franz-go calls it
+// just before the record's promise, which for an offloaded record runs the
+// Producer's Confirm (store I/O) before deliver hears of it.
+func (h *produceAnswers) OnProduceRecordUnbuffered(r *kgo.Record, err error) {
+	if err == nil {
+		h.acked.Store(r, struct{}{})
+	}
+}
 
 func (h *produceAnswers) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
 	if key == kmsg.Produce.Int16() && err == nil {
@@ -167,6 +182,7 @@ func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) del
 		s.prod.Client().Produce(rctx, rec, promise)
 	}
 	answered := s.answers.n.Load()
+	defer s.answers.acked.Delete(rec)
 	giveUp := time.NewTimer(s.delivery + deliveryGrace)
 	defer giveUp.Stop()
 	var d delivery
@@ -175,6 +191,17 @@ func (s *sender) deliver(ctx context.Context, rec *kgo.Record, prepare bool) del
 	case <-ctx.Done():
 		d = s.abort(ctx, rec, done, context.Cause(ctx))
 	case <-giveUp.C:
+		if _, ok := s.answers.acked.Load(rec); ok {
+			// Acknowledged: the Producer's Confirm (bounded by the
+			// store's own timeouts) is still running. Wait for it, or
+			// for an interrupt, as for any acknowledged record.
+			select {
+			case d = <-done:
+			case <-ctx.Done():
+				d = s.abort(ctx, rec, done, context.Cause(ctx))
+			}
+			break
+		}
 		cancel()
 		d = s.abort(ctx, rec, done, errNotAcknowledged)
 		if ctx.Err() == nil && (d.abandoned || errors.Is(d.err, kgo.ErrAborting) || errors.Is(d.err, context.Canceled)) {
