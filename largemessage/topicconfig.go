@@ -122,25 +122,25 @@ func (t *TopicConfigs) ForgetOlder(topic string, age time.Duration) {
 // first.
 func (t *TopicConfigs) Get(ctx context.Context, topic string) (TopicConfig, error) {
 	// A cached topic (every record of a Producer asks): no allocation.
-	now := time.Now()
-	t.mu.Lock()
-	e, ok := t.m[topic]
-	t.mu.Unlock()
-	if ok && now.Sub(e.at) < t.ttlOf(e.c) {
-		return e.c, nil
+	if c, ok := t.Cached(topic); ok {
+		return c, nil
 	}
 	r := t.GetAll(ctx, []string{topic})
 	return r[topic].Config, r[topic].Err
 }
 
-// Fresh reports whether topic's configuration is cached and within its
-// TTL: Get then answers it at once, without asking the cluster.
-func (t *TopicConfigs) Fresh(topic string) bool {
+// Cached returns topic's configuration when it is cached and within its
+// TTL, what Get answers at once without asking the cluster; ok is false
+// otherwise.
+func (t *TopicConfigs) Cached(topic string) (c TopicConfig, ok bool) {
 	now := time.Now()
 	t.mu.Lock()
 	e, ok := t.m[topic]
 	t.mu.Unlock()
-	return ok && now.Sub(e.at) < t.ttlOf(e.c)
+	if !ok || now.Sub(e.at) >= t.ttlOf(e.c) {
+		return TopicConfig{}, false
+	}
+	return e.c, true
 }
 
 // getUntil is Get that also says until when the answer may be reused

@@ -123,35 +123,41 @@ func (ic *interception) close() {
 // broker that has not seen it yet would).
 func (ic *interception) maxMessageBytes(ctx context.Context, topics []string) map[string]interceptor.TopicLimit {
 	out := make(map[string]interceptor.TopicLimit, len(topics))
-	add := func(t string, c largemessage.TopicConfig, err error) {
-		if err == nil && c.MaxMessageBytes > 0 && c.MaxMessageBytes <= math.MaxInt32 {
-			out[t] = interceptor.TopicLimit{MaxMessageBytes: int32(c.MaxMessageBytes), Compression: c.Compression,
-				Missing: !c.Exists}
-		}
-	}
 	if len(topics) == 1 {
 		// Most requests name one topic: Get answers a cached one without
 		// GetAll's three maps (they were a third of the produce skim's CPU
 		// behind Kafka's perf producer: docs/BENCHMARKS.md).
 		c, err := ic.configs.Get(ctx, topics[0])
-		add(topics[0], c, err)
+		addLimit(out, topics[0], c, err)
 		return out
 	}
 	for t, r := range ic.configs.GetAll(ctx, topics) {
-		add(t, r.Config, r.Err)
+		addLimit(out, t, r.Config, r.Err)
 	}
 	return out
 }
 
-// fresh reports whether maxMessageBytes answers topics from its cache,
-// without asking the cluster.
-func (ic *interception) fresh(topics []string) bool {
+// cachedLimits is maxMessageBytes answered from the cache alone: ok is
+// false when a topic is not cached (the cluster must be asked).
+func (ic *interception) cachedLimits(topics []string) (map[string]interceptor.TopicLimit, bool) {
+	out := make(map[string]interceptor.TopicLimit, len(topics))
 	for _, t := range topics {
-		if !ic.configs.Fresh(t) {
-			return false
+		c, ok := ic.configs.Cached(t)
+		if !ok {
+			return nil, false
 		}
+		addLimit(out, t, c, nil)
 	}
-	return true
+	return out, true
+}
+
+// addLimit adds topic's limit to out, unless the lookup failed or the
+// limit is not one a batch can be checked against.
+func addLimit(out map[string]interceptor.TopicLimit, topic string, c largemessage.TopicConfig, err error) {
+	if err == nil && c.MaxMessageBytes > 0 && c.MaxMessageBytes <= math.MaxInt32 {
+		out[topic] = interceptor.TopicLimit{MaxMessageBytes: int32(c.MaxMessageBytes), Compression: c.Compression,
+			Missing: !c.Exists}
+	}
 }
 
 // clientWatchedKey marks a context that already ends when the client goes
@@ -171,7 +177,10 @@ type clientWatchedKey struct{}
 // A lookup cut short leaves its topics out, as one the cluster did not
 // answer.
 func (c *conn) topicLimits(ctx context.Context, topics []string) map[string]interceptor.TopicLimit {
-	if ctx.Value(clientWatchedKey{}) == nil && !c.s.ic.fresh(topics) {
+	if out, ok := c.s.ic.cachedLimits(topics); ok {
+		return out
+	}
+	if ctx.Value(clientWatchedKey{}) == nil {
 		var stop func()
 		ctx, stop = c.watchGone(ctx)
 		defer stop()
