@@ -249,6 +249,20 @@ func (c *Chain) newBounds() *bounds { return &bounds{batchMax: c.batchMax, reque
 // ledger starts a worker's (or an outcome's) charges against the budget.
 func (c *Chain) ledger(b *bounds) *ledger { return &ledger{mem: c.mem, req: b, wait: c.timeout} }
 
+// Shrinks reports whether a produce interceptor for topic can make its
+// records smaller (a BatchShrinker: large-message), so that a batch the
+// broker refused as over the topic's max.message.bytes may fit when the
+// producer sends it again and the chain checks it against the topic's
+// current limit.
+func (c *Chain) Shrinks(topic string) bool {
+	for _, ic := range c.produce {
+		if _, ok := ic.(BatchShrinker); ok && ic.TopicPattern().MatchString(topic) {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *Chain) produceProcs(topic string) (ps []proc, shrinkers []BatchShrinker) {
 	for i, ic := range c.produce {
 		if ic.TopicPattern().MatchString(topic) {

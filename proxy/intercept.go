@@ -47,6 +47,9 @@ type interception struct {
 	learnt  time.Time              // when the last Metadata request ended
 	lookups atomic.Int64           // Metadata requests made to name topic ids
 	logged  map[string]time.Time   // last warning per topic/partition
+	// retried: per topic, when the proxy last turned the broker's
+	// MESSAGE_TOO_LARGE into a retriable error (retryTooLarge).
+	retried map[string]time.Time
 }
 
 // nameLookup is one Metadata request of the admin client that every
@@ -84,7 +87,8 @@ func (ic *interception) shouldLog(topic string, partition int32) bool {
 // newInterception makes the admin client (with the upstream TLS and
 // upstream.sasl.* settings). Errors: an admin client that cannot be made.
 func newInterception(cfg Config, upstreamTLS kgo.Opt) (*interception, error) {
-	ic := &interception{names: map[[16]byte]string{}, unknown: map[[16]byte]time.Time{}, logged: map[string]time.Time{}}
+	ic := &interception{names: map[[16]byte]string{}, unknown: map[[16]byte]time.Time{}, logged: map[string]time.Time{},
+		retried: map[string]time.Time{}}
 	ttl := cfg.TopicConfigRefresh
 	if ttl <= 0 {
 		ttl = defaultTopicConfigTTL
@@ -613,17 +617,11 @@ func (c *conn) interceptResponse(f *inflight, frame, msg []byte, hlen int) ([]by
 		}
 		// The broker refused a batch as too large although the proxy's
 		// check passed it: the cached max.message.bytes is stale (the
-		// topic's limit was lowered). Read it again next time.
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				if p.ErrorCode == kerr.MessageTooLarge.Code {
-					name := t.Topic
-					if name == "" { // v13+: by id
-						name, _ = c.s.ic.topicName(t.TopicID)
-					}
-					c.s.ic.configs.Forget(name)
-				}
-			}
+		// topic's limit was lowered). Read it again next time, and have
+		// the producer send the batch again where the chain will offload
+		// it then (retryTooLarge).
+		if c.retryTooLarge(f, resp) {
+			changed = true
 		}
 		if f.produce != nil {
 			if n := f.produce.Refused(c.ctx, resp); n > 0 {
@@ -811,9 +809,90 @@ func dropFetchRecords(resp *kmsg.FetchResponse, code int16) int {
 	return n
 }
 
+// retryTooLarge forgets the cached max.message.bytes of each topic whose
+// partitions resp, the broker's answer to f, refuses as MESSAGE_TOO_LARGE,
+// and answers those partitions KAFKA_STORAGE_ERROR (retriable for every
+// Kafka client, which sends the batch again unchanged) where
+// interception.retryTooLarge says so. It reports whether it changed resp.
+func (c *conn) retryTooLarge(f *inflight, resp *kmsg.ProduceResponse) bool {
+	changed := false
+	var now time.Time
+	for ti := range resp.Topics {
+		t := &resp.Topics[ti]
+		name, retry, seen := t.Topic, false, false
+		for pi := range t.Partitions {
+			p := &t.Partitions[pi]
+			if p.ErrorCode != kerr.MessageTooLarge.Code {
+				continue
+			}
+			if !seen {
+				seen = true
+				if name == "" { // v13+: by id
+					name, _ = c.s.ic.topicName(t.TopicID)
+				}
+				c.s.ic.configs.Forget(name)
+				if now.IsZero() {
+					now = time.Now()
+				}
+				retry = name != "" && f.gen.chain.Shrinks(name) && c.s.ic.retryTooLarge(name, f.start, now)
+				if retry && c.s.ic.shouldLog(name, -3) {
+					c.log.Info("the broker refused a batch as over the topic's max.message.bytes, lowered since the proxy read it; answered KAFKA_STORAGE_ERROR so that the producer sends it again, and the proxy offloads it then (logged once per minute per topic)",
+						"topic", name, "partition", p.Partition)
+				}
+			}
+			if !retry {
+				continue
+			}
+			p.ErrorCode = kerr.KafkaStorageError.Code
+			if resp.Version >= 8 {
+				msg := "ferry proxy: the topic's max.message.bytes was lowered after the proxy checked this batch against it; send it again (the proxy offloads what no longer fits)"
+				p.ErrorMessage = &msg
+				p.ErrorRecords = nil
+			}
+			changed = true
+		}
+	}
+	return changed
+}
+
 // limitRecheck is how often a topic's max.message.bytes is read again
 // while the proxy refuses batches as over it.
 const limitRecheck = time.Second
+
+// retryTooLarge reports whether the broker's MESSAGE_TOO_LARGE for a batch
+// of topic, in a Produce request the proxy read at start, goes to the
+// client as a retriable error instead, now: the batch was checked against
+// a cached max.message.bytes that the topic's owner has since lowered, the
+// topic's chain offloads (Chain.Shrinks), and the producer's retry will be
+// checked against the limit read again (the caller forgets the cached
+// one) and offloaded. Kafka's producers give up on MESSAGE_TOO_LARGE
+// (Java splits a batch of several records first), so the record that met
+// the lowered limit would otherwise fail although ferry could carry it.
+//
+// A request read after the last such answer for topic was checked against
+// the limit read again, and the broker refused it anyway: its
+// MESSAGE_TOO_LARGE goes through for limitRecheck, so a refusal ferry's
+// check cannot foresee makes a record retry once, never loop. Requests
+// read before that answer (in flight with it) were checked against the
+// same stale limit and are retried too.
+func (ic *interception) retryTooLarge(topic string, start, now time.Time) bool {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	last, ok := ic.retried[topic]
+	switch {
+	case ok && start.Before(last):
+		return true // in flight with the last retried one
+	case ok && now.Sub(last) < limitRecheck:
+		return false
+	}
+	for t, at := range ic.retried { // bounded: only recent answers matter
+		if now.Sub(at) >= limitRecheck {
+			delete(ic.retried, t)
+		}
+	}
+	ic.retried[topic] = now
+	return true
+}
 
 // dependencyFailed reports whether a partition answered with code was
 // refused for something other than its records: a store, KMS or schema
