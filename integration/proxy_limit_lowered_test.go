@@ -47,8 +47,6 @@ func TestProxyLoweredLimitRetried(t *testing.T) {
 					if err := os.WriteFile(file, want[key], 0o600); err != nil {
 						t.Fatal(err)
 					}
-					// kcat exits 0 even when delivery failed: what the
-					// broker holds is checked below.
 					runClient(t, nil, kcat, "-P", "-b", via, "-t", topic, "-k", key, "-X", "message.max.bytes=8000000", file)
 				}
 			}
