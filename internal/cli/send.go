@@ -250,9 +250,9 @@ var errNotAcknowledged = fmt.Errorf("not acknowledged within delivery.timeout.ms
 
 // notAcknowledged is the error of a record given up on after
 // delivery.timeout.ms: sent says whether its produce request went out (and
-// was not answered) or the record was still waiting in the client;
-// answered, whether the brokers answered produce requests meanwhile
-// (refusing the record with retriable errors).
+// was not answered) or the record was still waiting in the client (or in
+// the Producer, offloading it after MESSAGE_TOO_LARGE); answered, whether
+// the brokers answered produce requests meanwhile (refusing the record).
 func (s *sender) notAcknowledged(sent, answered bool) error {
 	why := "the record was not sent: the client was still waiting on the broker (for a connection, metadata or a producer id)"
 	switch {
@@ -260,6 +260,8 @@ func (s *sender) notAcknowledged(sent, answered bool) error {
 		why = "the broker answered its produce requests without accepting it (retriable errors: the brokers, or a proxy's log, say why), and the last one sent is unanswered"
 	case sent:
 		why = "its produce request was sent and not answered (a broker stopped or hung, or a network that drops packets)"
+	case answered:
+		why = "the broker answered its produce request without accepting it, and it was not sent again in time (after MESSAGE_TOO_LARGE ferry offloads the record and sends it once more; after retriable errors the client waits to retry: the brokers, or a proxy's log, say why)"
 	}
 	return fmt.Errorf("timed out after delivery.timeout.ms=%d without an acknowledgement: %s; -X %s=MS to wait longer%w",
 		s.delivery.Milliseconds(), why, keyDeliveryTimeout, noText{errNotAcknowledged})
