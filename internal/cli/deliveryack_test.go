@@ -32,6 +32,40 @@ func (s slowStat) Stat(ctx context.Context, key string) (payloadstore.ObjectInfo
 	return s.objectStore.Stat(ctx, key)
 }
 
+// fileStore opens a file store in a temporary directory, with the
+// large-message config naming it.
+func fileStore(t *testing.T) (payloadstore.PayloadStore, largemessage.Config) {
+	t.Helper()
+	cfg, err := largemessage.ParseConfig(map[string]string{largemessage.KeyStoreURL: "file://" + t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := cfg.OpenStore(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, cfg
+}
+
+// testSender is what openSender makes, over store and a client of brokers
+// with delivery.timeout.ms delivery.
+func testSender(t *testing.T, brokers string, store payloadstore.PayloadStore, cfg largemessage.Config, delivery time.Duration) *sender {
+	t.Helper()
+	answers := &produceAnswers{}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.WithHooks(answers), kgo.RecordDeliveryTimeout(delivery))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	prod, err := largemessage.NewProducer(cl, store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sender{prod: prod, store: store, hasStore: true, codec: largemessage.Codec{Type: "none"}, stderr: io.Discard,
+		delivery: delivery, answers: answers}
+}
+
 // The broker acknowledges the record at once, but the Producer's
 // post-acknowledgement Confirm (one Stat of the payload) takes longer than
 // delivery.timeout.ms + deliveryGrace + safeAbortWait + abortWait: deliver's
@@ -41,32 +75,13 @@ func (s slowStat) Stat(ctx context.Context, key string) (payloadstore.ObjectInfo
 func TestDeliveryTimeoutGivesUpOnAcknowledgedRecord(t *testing.T) {
 	_, brokers := cluster(t)
 	ctx := context.Background()
-	cfg, err := largemessage.ParseConfig(map[string]string{largemessage.KeyStoreURL: "file://" + t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := cfg.OpenStore(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, cfg := fileStore(t)
 	inner, ok := st.(objectStore)
 	if !ok {
 		t.Fatalf("the file store (%T) has no key-level operations", st)
 	}
 	store := slowStat{inner, 9 * time.Second}
-	answers := &produceAnswers{}
-	delivery := time.Second
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.WithHooks(answers), kgo.RecordDeliveryTimeout(delivery))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	prod, err := largemessage.NewProducer(cl, store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sender{prod: prod, store: store, hasStore: true, codec: largemessage.Codec{Type: "none"}, stderr: io.Discard,
-		delivery: delivery, answers: answers}
+	s := testSender(t, brokers, store, cfg, time.Second)
 	value := make([]byte, 2<<20)
 	_, _ = rand.NewChaCha8([32]byte{7}).Read(value)
 	res, err := s.sendBytes(ctx, "t", "big", nil, value, nil)

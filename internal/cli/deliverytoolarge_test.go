@@ -2,15 +2,12 @@ package cli
 
 import (
 	"context"
-	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/ferrykit/ferry/largemessage"
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
@@ -39,31 +36,12 @@ func TestDeliveryTimeoutDuringTooLargeRetry(t *testing.T) {
 	c, brokers := cluster(t)
 	refuseProduce(c, 0, kerr.MessageTooLarge.Code)
 	ctx := context.Background()
-	cfg, err := largemessage.ParseConfig(map[string]string{largemessage.KeyStoreURL: "file://" + t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := cfg.OpenStore(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer inner.Close()
+	inner, cfg := fileStore(t)
 	store := hungPublish{inner, make(chan struct{}, 1)}
-	answers := &produceAnswers{}
 	delivery := time.Second
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers), kgo.WithHooks(answers), kgo.RecordDeliveryTimeout(delivery))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	prod, err := largemessage.NewProducer(cl, store, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &sender{prod: prod, store: store, hasStore: true, codec: largemessage.Codec{Type: "none"}, stderr: io.Discard,
-		delivery: delivery, answers: answers}
+	s := testSender(t, brokers, store, cfg, delivery)
 	start := time.Now()
-	_, err = s.sendBytes(ctx, "t", "small", nil, []byte(strings.Repeat("v", 1000)), nil)
+	_, err := s.sendBytes(ctx, "t", "small", nil, []byte(strings.Repeat("v", 1000)), nil)
 	took := time.Since(start)
 	select {
 	case <-store.called:
