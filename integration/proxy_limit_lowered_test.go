@@ -22,13 +22,14 @@ import (
 // MESSAGE_TOO_LARGE, which franz-go and librdkafka give up on (Ferry never
 // causes a MESSAGE_TOO_LARGE, KIP-126). The broker's refusal of the batch
 // the proxy passed by the stale limit reaches the producer as
-// KAFKA_STORAGE_ERROR; the producer sends it again, and the proxy, having
+// KAFKA_STORAGE_ERROR; the producer (franz-go, kcat, Java's) sends it again, and the proxy, having
 // read the limit again, offloads it. Before, the record failed once and
 // only the next one was offloaded.
 func TestProxyLoweredLimitRetried(t *testing.T) {
 	kcat := kcatPath(t)
+	kafkaToolsCP(t)
 	storeURL := interceptorStoreURL(t)
-	for _, producer := range []string{"franz-go", "kcat"} {
+	for _, producer := range []string{"franz-go", "kcat", "java"} {
 		t.Run(producer, func(t *testing.T) {
 			high, low := "3000000", "1048588"
 			topic := clientTopic(t, 1, map[string]*string{"max.message.bytes": &high})
@@ -48,6 +49,14 @@ func TestProxyLoweredLimitRetried(t *testing.T) {
 						t.Fatal(err)
 					}
 					runClient(t, nil, kcat, "-P", "-b", via, "-t", topic, "-k", key, "-X", "message.max.bytes=8000000", file)
+				case "java":
+					// The console producer (idempotent, acks=all) logs a
+					// failed send and exits 0: what the broker holds is
+					// checked below.
+					line := append([]byte(key+"\t"), want[key]...)
+					javaBigHeap(t, append(line, '\n'), javaConsoleProducer, "--bootstrap-server", via, "--topic", topic, "--sync",
+						"--reader-property", "parse.key=true", "--command-property", "max.request.size=8000000",
+						"--command-property", "request.timeout.ms=60000", "--command-property", "delivery.timeout.ms=120000")
 				}
 			}
 			// Inline under the topic's 3,000,000 bytes: the proxy now holds
