@@ -50,9 +50,7 @@ func TestProxyLoweredLimitRetried(t *testing.T) {
 					}
 					runClient(t, nil, kcat, "-P", "-b", via, "-t", topic, "-k", key, "-X", "message.max.bytes=8000000", file)
 				case "java":
-					// The console producer (idempotent, acks=all) logs a
-					// failed send and exits 0: what the broker holds is
-					// checked below.
+					// Idempotent, acks=all; --sync: a failed send exits 1.
 					line := append([]byte(key+"\t"), want[key]...)
 					javaBigHeap(t, append(line, '\n'), javaConsoleProducer, "--bootstrap-server", via, "--topic", topic, "--sync",
 						"--reader-property", "parse.key=true", "--command-property", "max.request.size=8000000",
