@@ -186,6 +186,11 @@ func (c *CachedStore) fill(ctx context.Context, key, fullPath string, e expectat
 	if c.closed {
 		return b, nil // served once, not kept
 	}
+	// Other fills made room before this one's entry was added: room is
+	// made again, so that entries filled at once stay within the bound.
+	for c.bytes+e.size > c.o.MaxBytes && c.lru.Len() > 0 {
+		c.dropOldest()
+	}
 	c.entries[key] = c.lru.PushFront(&cacheEntry{key: key, b: b})
 	c.bytes += e.size
 	c.fills.Add(1)

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -181,5 +182,39 @@ func TestCacheBoundAndBudget(t *testing.T) {
 	readExpected(t, c, paths[1], datas[1])
 	if st := c.Stats(); st.Entries != 0 {
 		t.Fatalf("a payload cached with no room in the budget: %+v", st)
+	}
+}
+
+// Fills of different payloads at once stay within the bound: each made
+// room before the others had added their entries, so the last to finish
+// must drop what the others added.
+func TestCacheConcurrentFillsStayWithinBound(t *testing.T) {
+	cs, c := cachedMem(t, payloadstore.CacheOptions{MaxBytes: 2 << 20})
+	var paths []string
+	var datas [][]byte
+	for range 4 {
+		d := randPayload(t, 1<<20)
+		resp, err := payloadstore.PublishBytes(context.Background(), c, "orders", d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paths, datas = append(paths, resp.FullPayloadPath), append(datas, d)
+	}
+	cs.gate = make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			readExpected(t, c, paths[i], datas[i])
+		}()
+	}
+	for cs.downloads.Load() < int64(len(paths)) {
+		runtime.Gosched()
+	}
+	close(cs.gate)
+	wg.Wait()
+	if st := c.Stats(); st.Bytes > 2<<20 {
+		t.Fatalf("four 1 MiB payloads filled at once: the cache holds %d bytes in %d entries, over its bound of %d", st.Bytes, st.Entries, 2<<20)
 	}
 }
