@@ -680,7 +680,7 @@ func (c *conn) readWhole(size int32, pool bool) (frame []byte, release func(), p
 	}
 	var charged int64
 	release = func() { c.s.mem.Give(charged) }
-	frame, err = readFrameCharged(c.cr, c.s.cfg.MaxRequestBytes, func(n int64) error {
+	frame, err = readFrameCharged(c.cr, c.s.cfg.MaxRequestBytes, c.s.mem.Limit(), func(n int64) error {
 		if err := c.s.mem.TakeUnqueued(c.ctx, n); err != nil {
 			return err
 		}
@@ -838,6 +838,12 @@ func (c *conn) chargeShape(h RequestHeader, frame []byte) (release func(), ok bo
 		return func() {}, true
 	}
 	n := decodedBytes(topics, partitions, h.Key)
+	if held := int64(len(frame)); held+n > c.s.mem.Limit() {
+		// The frame holds its bytes of the budget while it waits: the
+		// wait could never end (nor give them back).
+		c.fail("memory", fmt.Sprintf("%s request of %d bytes, %d topics and %d partitions: it needs %d bytes of proxy.memory.max.bytes more than the whole budget, %d, while it holds its frame", apiName(h.Key), len(frame), topics, partitions, held+n-c.s.mem.Limit(), c.s.mem.Limit()), interceptor.ErrMemoryBusy)
+		return nil, false
+	}
 	if err := c.s.mem.Take(c.ctx, n); err != nil {
 		c.fail("memory", fmt.Sprintf("%s request of %d topics and %d partitions: no room in proxy.memory.max.bytes", apiName(h.Key), topics, partitions), err)
 		return nil, false

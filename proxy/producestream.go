@@ -647,8 +647,15 @@ func (p *produceReader) take(n int64) (int, error) {
 		if len(p.arena) == cap(p.arena) {
 			// Geometric growth (a frame of many small fields must not
 			// copy its arena on every field), never past what the frame
-			// has left.
-			if err := p.grow(max(need, int(min(int64(max(cap(p.arena), frameStep)), p.left)))); err != nil {
+			// has left. A field larger than the step (a records field
+			// kept as it came) gets room for up to frameStep of the
+			// fields after it as well: the few bytes that end the frame
+			// must not copy it again, holding it twice.
+			by := int(min(int64(max(cap(p.arena), frameStep)), p.left))
+			if need >= by {
+				by = need + int(min(frameStep, p.left-n))
+			}
+			if err := p.grow(by); err != nil {
 				return 0, err
 			}
 		}

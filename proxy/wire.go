@@ -85,14 +85,18 @@ func readFrame(r *bufio.Reader, max int32, buf []byte) ([]byte, error) {
 		}
 		return frame, nil
 	}
-	return readFrameCharged(r, max, nil, nil)
+	return readFrameCharged(r, max, 0, nil, nil)
 }
 
 // readFrameCharged is ReadFrame calling charge(n) before each growth of
 // its buffer to n bytes, and give(old) once the old buffer is copied (nil:
 // no charge): the charge follows the real peak. charge's error ends the
-// read; what was charged stays charged (the caller gives it back).
-func readFrameCharged(r *bufio.Reader, max int32, charge func(int64) error, give func(int64)) ([]byte, error) {
+// read; what was charged stays charged (the caller gives it back). held,
+// when over 0, is what the charge may reach at once (the memory budget's
+// size): a growth holds the old buffer and the new one, so the buffer
+// grows to the whole frame at once when the growth after the next one
+// would pass held; a frame of at most held bytes is then always read.
+func readFrameCharged(r *bufio.Reader, max int32, held int64, charge func(int64) error, give func(int64)) ([]byte, error) {
 	size, err := peekSize(r, max)
 	if err != nil {
 		return nil, err
@@ -112,13 +116,24 @@ func readFrameCharged(r *bufio.Reader, max int32, charge func(int64) error, give
 		}
 		return nb, nil
 	}
-	frame, err := grow(nil, min(n, frameStep))
+	// next is the capacity after c: doubled, or the whole frame.
+	next := func(c int) int {
+		nc := min(n, 2*c)
+		if c == 0 {
+			nc = min(n, frameStep)
+		}
+		if held > 0 && nc < n && int64(nc)+int64(n) > held {
+			nc = n
+		}
+		return nc
+	}
+	frame, err := grow(nil, next(0))
 	if err != nil {
 		return nil, err
 	}
 	for len(frame) < n {
 		if len(frame) == cap(frame) {
-			if frame, err = grow(frame, min(cap(frame), n-cap(frame))); err != nil {
+			if frame, err = grow(frame, next(cap(frame))-cap(frame)); err != nil {
 				return nil, err
 			}
 		}
