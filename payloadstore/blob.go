@@ -12,6 +12,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/google/uuid"
 	"gocloud.dev/blob"
@@ -91,8 +92,9 @@ type BlobStore struct {
 	// itself, and sizes a streamed upload's first part (cloud.go); nil for
 	// the other clouds.
 	s3        *s3Uploads
-	conns     *connSet // S3: the client's connections, closed by Close
-	keyPrefix string   // the URL's prefix and "/", or ""
+	aborts    sync.WaitGroup // abortIncomplete's, waited for by Close
+	conns     *connSet       // S3: the client's connections, closed by Close
+	keyPrefix string         // the URL's prefix and "/", or ""
 }
 
 func openBlob(class string) Opener {
@@ -194,6 +196,9 @@ func OpenBlobStore(ctx context.Context, u *url.URL, class string, opts Options) 
 func (s *BlobStore) Class() string       { return s.class }
 func (s *BlobStore) ID(p Payload) string { return s.gen.ID(p) }
 func (s *BlobStore) Close() error {
+	// The aborts of failed uploads still running need the client (each
+	// is bounded: 30 s, or the undo bound of the Publish's context).
+	s.aborts.Wait()
 	err := s.bucket.Close()
 	if s.conns != nil {
 		s.conns.close()
@@ -498,13 +503,20 @@ func retryable(err error) bool {
 // used here. Other stores need nothing: uncommitted GCS resumable uploads and
 // Azure blocks expire by themselves. Failures are ignored (a bucket lifecycle
 // rule AbortIncompleteMultipartUpload is the backstop, docs/OPERATIONS.md).
+// Close waits for it: a process that closes its stores and exits (ferry
+// proxy's Shutdown) does not leave the parts behind. Its context is
+// Undo(ctx)'s, so that an UndoBound stopped at shutdown.timeout.ms ends it.
 func (s *BlobStore) abortIncomplete(ctx context.Context, key string) {
 	if s.s3 == nil {
 		return
 	}
 	// In the background: the publish has failed already and must not wait
 	// beyond large.message.payload.store.timeout.ms for the clean-up.
-	go s.s3.abort(context.WithoutCancel(ctx), s.keyPrefix+key)
+	s.aborts.Add(1)
+	go func() {
+		defer s.aborts.Done()
+		s.s3.abort(Undo(ctx), s.keyPrefix+key)
+	}()
 }
 
 // resumingReader reads an object; when a read fails mid-stream with a
