@@ -92,6 +92,8 @@ type BlobStore struct {
 	// itself, and sizes a streamed upload's first part (cloud.go); nil for
 	// the other clouds.
 	s3        *s3Uploads
+	abortMu   sync.Mutex     // guards closing and aborts.Add against Close's Wait
+	closing   bool           // Close has begun: no abort is added to aborts
 	aborts    sync.WaitGroup // abortIncomplete's, waited for by Close
 	conns     *connSet       // S3: the client's connections, closed by Close
 	keyPrefix string         // the URL's prefix and "/", or ""
@@ -198,6 +200,9 @@ func (s *BlobStore) ID(p Payload) string { return s.gen.ID(p) }
 func (s *BlobStore) Close() error {
 	// The aborts of failed uploads still running need the client (each
 	// is bounded: 30 s, or the undo bound of the Publish's context).
+	s.abortMu.Lock()
+	s.closing = true
+	s.abortMu.Unlock()
 	s.aborts.Wait()
 	err := s.bucket.Close()
 	if s.conns != nil {
@@ -512,6 +517,13 @@ func (s *BlobStore) abortIncomplete(ctx context.Context, key string) {
 	}
 	// In the background: the publish has failed already and must not wait
 	// beyond large.message.payload.store.timeout.ms for the clean-up.
+	s.abortMu.Lock()
+	defer s.abortMu.Unlock()
+	if s.closing {
+		// A publish that failed as the store closed: its client is
+		// going; the bucket's lifecycle rule is the backstop.
+		return
+	}
 	s.aborts.Add(1)
 	go func() {
 		defer s.aborts.Done()
