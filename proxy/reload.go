@@ -112,6 +112,9 @@ var restartKeys = []struct {
 	{"socket.request.max.bytes", func(c *Config) any { return c.MaxRequestBytes }},
 	{"upstream.response.max.bytes", func(c *Config) any { return c.MaxResponseBytes }},
 	{"dial.timeout.ms", func(c *Config) any { return c.DialTimeout }},
+	{"upstream.connect.timeout.ms", func(c *Config) any { return c.ConnectTimeout }},
+	{"upstream.reconnect.backoff.ms", func(c *Config) any { return c.ReconnectBackoff }},
+	{"upstream.reconnect.backoff.max.ms", func(c *Config) any { return c.ReconnectBackoffMax }},
 	{"connections.max.idle.ms", func(c *Config) any { return c.IdleTimeout }},
 	{"connections.first.request.timeout.ms", func(c *Config) any { return c.FirstRequestTimeout }},
 	{"shutdown.timeout.ms", func(c *Config) any { return c.ShutdownTimeout }},
@@ -119,12 +122,17 @@ var restartKeys = []struct {
 	{"admin.pprof.enabled", func(c *Config) any { return c.Pprof }},
 	{"tls.client.*", func(c *Config) any { return c.ClientTLS }},
 	{"tls.upstream.*", func(c *Config) any { return c.UpstreamTLS }},
+	{"sni.bootstrap.host", func(c *Config) any { return c.SNI.BootstrapHost }},
+	{"sni.broker.host.pattern", func(c *Config) any { return c.SNI.BrokerHostPattern }},
+	{"sni.advertised.port", func(c *Config) any { return c.SNI.AdvertisedPort }},
 	{"topic.config.refresh.ms", func(c *Config) any { return c.TopicConfigRefresh }},
 	{"max.connections", func(c *Config) any { return c.MaxConnections }},
 	{"max.connections.per.ip", func(c *Config) any { return c.MaxConnectionsPerIP }},
 	{"max.in.flight.requests.per.connection", func(c *Config) any { return c.MaxInFlight }},
 	{"proxy.memory.max.bytes", func(c *Config) any { return c.MemoryMax }},
 	{"upstream.sasl.*", func(c *Config) any { return c.UpstreamSASL }},
+	{"metrics.topics.max", func(c *Config) any { return c.MetricsMaxTopics }},
+	{"tracing.*", func(c *Config) any { return c.Tracing }},
 }
 
 // restartOnly returns the keys whose values differ between running and

@@ -155,6 +155,34 @@ func TestReloadRestartOnlyKeys(t *testing.T) {
 	}
 }
 
+// Every configuration key a reload does not apply is named when it changes,
+// never reported as "other keys": an operator who changed the SNI host
+// names (or any other restart-only key) is told which key waits for a
+// restart.
+func TestReloadRestartOnlyKeysNamed(t *testing.T) {
+	a := Config{Upstream: []string{"h:1"}, Listen: "127.0.0.1:1"}
+	a.setDefaults()
+	for _, tc := range []struct {
+		key    string
+		change func(*Config)
+	}{
+		{"sni.bootstrap.host", func(c *Config) { c.SNI.BootstrapHost = "boot.kafka.test" }},
+		{"sni.broker.host.pattern", func(c *Config) { c.SNI.BrokerHostPattern = "b-$(nodeId).kafka.test" }},
+		{"sni.advertised.port", func(c *Config) { c.SNI.AdvertisedPort = 443 }},
+		{"upstream.connect.timeout.ms", func(c *Config) { c.ConnectTimeout = time.Minute }},
+		{"upstream.reconnect.backoff.ms", func(c *Config) { c.ReconnectBackoff = time.Minute }},
+		{"upstream.reconnect.backoff.max.ms", func(c *Config) { c.ReconnectBackoffMax = time.Hour }},
+		{"metrics.topics.max", func(c *Config) { c.MetricsMaxTopics = 7 }},
+		{"tracing.*", func(c *Config) { c.Tracing.Enabled = true }},
+	} {
+		b := a
+		tc.change(&b)
+		if keys := strings.Join(restartOnly(a, b), ","); keys != tc.key {
+			t.Errorf("changed %s: restart keys %q", tc.key, keys)
+		}
+	}
+}
+
 // The reload metrics appear on /metrics from the start, and a Reload to no
 // interceptors at all passes requests opaque from then on.
 func TestReloadMetricsAndEmptyChain(t *testing.T) {
