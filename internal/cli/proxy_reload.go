@@ -25,7 +25,8 @@ func configVersion(raw []byte) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// startReloader calls reload on each SIGHUP (from hup) and, when watch is
+// startReloader calls reload on each SIGHUP (from hup; with or without a
+// config file) and, when watch is
 // set, whenever the contents of configFile change. The file's directory is
 // watched, not the file (an editor replaces the file by a rename, and
 // Kubernetes updates a mounted ConfigMap by swapping a symlink of the
@@ -73,12 +74,14 @@ func startReloader(ctx context.Context, log *slog.Logger, hup <-chan os.Signal, 
 				timer.Stop()
 				return
 			case <-hup:
-				if configFile == "" {
-					log.Warn("SIGHUP: no --config file to reload; the flags' configuration stays")
-					continue
-				}
-				if raw, err := os.ReadFile(configFile); err == nil {
-					last = configVersion(raw)
+				// Without --config the chain is built again from the
+				// flags: what the interceptors read from files (a wasm
+				// module, a JSON Schema file) is read again, as the README
+				// promises for `--interceptors wasm -X wasm.module.path=…`.
+				if configFile != "" {
+					if raw, err := os.ReadFile(configFile); err == nil {
+						last = configVersion(raw)
+					}
 				}
 				reload("SIGHUP")
 			case _, ok := <-events:

@@ -92,3 +92,23 @@ func TestReloaderTriggers(t *testing.T) {
 		t.Fatalf("triggers %v", triggers)
 	}
 }
+
+// Without a config file (flags only), SIGHUP still reloads: the chain is
+// built again from the flags, so a wasm module or schema file named by -X
+// is read again.
+func TestReloaderSIGHUPWithoutConfigFile(t *testing.T) {
+	hup := make(chan os.Signal, 1)
+	got := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := startReloader(ctx, slog.New(slog.DiscardHandler), hup, "", false, func(tr string) { got <- tr })
+	defer func() { cancel(); <-done }()
+	hup <- syscall.SIGHUP
+	select {
+	case tr := <-got:
+		if tr != "SIGHUP" {
+			t.Fatalf("trigger %q", tr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("SIGHUP without --config did not reload")
+	}
+}
