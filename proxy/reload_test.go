@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -181,6 +182,60 @@ func TestReloadRestartOnlyKeysNamed(t *testing.T) {
 			t.Errorf("changed %s: restart keys %q", tc.key, keys)
 		}
 	}
+}
+
+// Every field of Config is reloadable, code-only, or named by restartKeys: a
+// field added later without a key would be reported as "other keys" again.
+func TestReloadRestartKeysCoverConfig(t *testing.T) {
+	skip := map[string]bool{ // reloadable, or not configuration
+		"Interceptors": true, "ReloadAllowUnprotected": true, "InterceptorTimeout": true,
+		"BatchDecompressedMax": true, "RequestDecompressedMax": true,
+		"TracerProvider": true, "Logger": true, "Version": true,
+	}
+	var a Config
+	a.setDefaults()
+	ct := reflect.TypeOf(a)
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		if skip[f.Name] || !f.IsExported() {
+			continue
+		}
+		b := a
+		if !setNonZero(reflect.ValueOf(&b).Elem().Field(i)) {
+			t.Errorf("field %s: cannot change it in the test", f.Name)
+			continue
+		}
+		if keys := restartOnly(a, b); len(keys) != 1 || keys[0] == "other keys" {
+			t.Errorf("changed field %s: restart keys %q, want its own key", f.Name, keys)
+		}
+	}
+}
+
+// setNonZero changes v (its first field it can, for a struct).
+func setNonZero(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(v.String() + "x")
+	case reflect.Bool:
+		v.SetBool(!v.Bool())
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		v.SetInt(v.Int() + 1)
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.String {
+			return false
+		}
+		v.Set(reflect.Append(v, reflect.ValueOf("x").Convert(v.Type().Elem())))
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() && setNonZero(v.Field(i)) {
+				return true
+			}
+		}
+		return false
+	default:
+		return false
+	}
+	return true
 }
 
 // The reload metrics appear on /metrics from the start, and a Reload to no
