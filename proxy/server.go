@@ -47,8 +47,7 @@ import (
 // Server is a running proxy. Create it with New, start it with Start, stop
 // it with Shutdown.
 type Server struct {
-	collecting   atomic.Bool // collectLarge's collection is running
-	collectAgain atomic.Bool // large garbage was left while it ran: collect once more
+	collecting atomic.Bool // collectLarge's collection is running
 
 	cfg    Config
 	log    *slog.Logger
@@ -798,34 +797,13 @@ const largeGarbageBytes = 32 << 20
 // collectLarge starts a garbage collection in the background after a large
 // request or response was handled; at most one runs at a time (its cost
 // follows the live heap, which is small: byte slices are not scanned).
-//
-// Garbage left while a collection runs (by the other connections) gets one
-// more collection after it, not none: a collection marks what is live when
-// it starts, so such garbage waited for the next large request's
-// collection or the heap's doubling, and the budget it was given back to
-// was taken again meanwhile (a helper's 14 consumers of 40 MB payloads
-// held in memory took a 256 MiB budget's proxy past docs/SECURITY.md's
-// bound).
 func (s *Server) collectLarge(n int64) {
-	if n < largeGarbageBytes {
+	if n < largeGarbageBytes || !s.collecting.CompareAndSwap(false, true) {
 		return
 	}
-	s.collectAgain.Store(true)
-	if !s.collecting.CompareAndSwap(false, true) {
-		return // the running collection's loop collects again
-	}
 	go func() {
-		for {
-			for s.collectAgain.Swap(false) {
-				runtime.GC()
-			}
-			s.collecting.Store(false)
-			// Garbage left between the last Swap and the Store above
-			// found collecting set and started nothing: look again.
-			if !s.collectAgain.Load() || !s.collecting.CompareAndSwap(false, true) {
-				return
-			}
-		}
+		defer s.collecting.Store(false)
+		runtime.GC()
 	}()
 }
 
