@@ -185,6 +185,23 @@ import (
 	"github.com/ferrykit/ferry/payloadstore"
 )
 
+// latestWrite is the latest time an object of ModTime m may have been
+// written: stores that keep ModTimes to the second (S3, Azure) or the
+// millisecond (GCS) cut off the rest, so an object written after a
+// checkpoint within the same second would read as older than it. A whole
+// second counts as its end (a whole millisecond likewise), so that the
+// checkpoint proof never takes an object for older than the checkpoint when
+// it was written after it.
+func latestWrite(m time.Time) time.Time {
+	switch ns := m.Nanosecond(); {
+	case ns == 0:
+		return m.Add(time.Second - time.Nanosecond)
+	case ns%int(time.Millisecond) == 0:
+		return m.Add(time.Millisecond - time.Nanosecond)
+	}
+	return m
+}
+
 // DefaultGrace is the grace period when Options.Grace is 0 and
 // Options.GraceSet is false: one day.
 const DefaultGrace = 24 * time.Hour
@@ -545,7 +562,7 @@ func Collect(ctx context.Context, cl *kgo.Client, store payloadstore.PayloadStor
 			sum.TooNew++
 		case mode == ModeFull:
 			old = append(old, oi)
-		case proof != nil && !oi.ModTime.Add(grace).After(proof.Time):
+		case proof != nil && !latestWrite(oi.ModTime).Add(grace).After(proof.Time):
 			cands = append(cands, oi)
 		default:
 			sum.Unproven++
