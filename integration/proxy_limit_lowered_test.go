@@ -60,6 +60,10 @@ func TestProxyLoweredLimitRetried(t *testing.T) {
 			// Inline under the topic's 3,000,000 bytes: the proxy now holds
 			// that limit.
 			produce("before")
+			// The proxy retries a refusal when the limit it checked the
+			// batch against had been cached for a second (limitRecheck);
+			// the limit read for "before" must be that old by "after".
+			cachedAt := time.Now()
 			adm := kadm.NewClient(client(t))
 			if _, err := adm.AlterTopicConfigs(ctxT(t, 30*time.Second), []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &low}}, topic); err != nil {
 				t.Fatal(err)
@@ -83,6 +87,7 @@ func TestProxyLoweredLimitRetried(t *testing.T) {
 				}
 				return true
 			}, func() string { return "the broker never applied max.message.bytes=" + low })
+			time.Sleep(time.Until(cachedAt.Add(1100 * time.Millisecond)))
 			produce("after")
 
 			raw := consumeRaw(t, topic, len(want))

@@ -116,6 +116,20 @@ func (t *TopicConfigs) ForgetOlder(topic string, age time.Duration) {
 	t.mu.Unlock()
 }
 
+// ReadAt returns when topic's cached configuration was read from the
+// cluster; ok is false when none is cached (expired entries included: a
+// lookup would ask again).
+func (t *TopicConfigs) ReadAt(topic string) (at time.Time, ok bool) {
+	now := time.Now()
+	t.mu.Lock()
+	e, ok := t.m[topic]
+	t.mu.Unlock()
+	if !ok || now.Sub(e.at) >= t.ttlOf(e.c) {
+		return time.Time{}, false
+	}
+	return e.at, true
+}
+
 // Get returns topic's configuration, waiting for the cluster as GetAll
 // does. Errors: the cluster could not be asked and nothing is cached (a
 // stale entry is returned rather than an error); ctx's error when it ended

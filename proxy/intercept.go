@@ -830,11 +830,12 @@ func (c *conn) retryTooLarge(f *inflight, resp *kmsg.ProduceResponse) bool {
 				if name == "" { // v13+: by id
 					name, _ = c.s.ic.topicName(t.TopicID)
 				}
+				readAt, cached := c.s.ic.configs.ReadAt(name)
 				c.s.ic.configs.Forget(name)
 				if now.IsZero() {
 					now = time.Now()
 				}
-				retry = name != "" && f.gen.chain.Shrinks(name) && c.s.ic.retryTooLarge(name, f.start, now)
+				retry = name != "" && f.gen.chain.Shrinks(name) && c.s.ic.retryTooLarge(name, f.start, readAt, cached, now)
 				if retry && c.s.ic.shouldLog(name, -3) {
 					c.log.Info("the broker refused a batch as over the topic's max.message.bytes, lowered since the proxy read it; answered KAFKA_STORAGE_ERROR so that the producer sends it again, and the proxy offloads it then (logged once per minute per topic)",
 						"topic", name, "partition", p.Partition)
@@ -862,37 +863,51 @@ const limitRecheck = time.Second
 // retryTooLarge reports whether the broker's MESSAGE_TOO_LARGE for a batch
 // of topic, in a Produce request the proxy read at start, goes to the
 // client as a retriable error instead, now: the batch was checked against
-// a cached max.message.bytes that the topic's owner has since lowered, the
-// topic's chain offloads (Chain.Shrinks), and the producer's retry will be
-// checked against the limit read again (the caller forgets the cached
-// one) and offloaded. Kafka's producers give up on MESSAGE_TOO_LARGE
-// (Java splits a batch of several records first), so the record that met
-// the lowered limit would otherwise fail although ferry could carry it.
+// a cached max.message.bytes that the topic's owner may have lowered since
+// (readAt: when the limit cached at the refusal was read, cached false:
+// none), the topic's chain offloads (Chain.Shrinks), and the producer's
+// retry will be checked against the limit read again (the caller forgets
+// the cached one) and offloaded. Kafka's producers give up on
+// MESSAGE_TOO_LARGE (Java splits a batch of several records first), so
+// the record that met the lowered limit would otherwise fail although
+// ferry could carry it.
 //
-// A request read after the last such answer for topic was checked against
-// the limit read again, and the broker refused it anyway: its
-// MESSAGE_TOO_LARGE goes through for limitRecheck, so a refusal ferry's
-// check cannot foresee makes a record retry once, never loop. Requests
-// read before that answer (in flight with it) were checked against the
-// same stale limit and are retried too.
-func (ic *interception) retryTooLarge(topic string, start, now time.Time) bool {
+// Retried:
+//   - a request read when the cached limit was already at least
+//     limitRecheck old (the cache entry the refusal finds was read before
+//     the request: the one it was checked against);
+//   - a request read before the last retried answer for topic (in flight
+//     with it, checked against the same stale limit; that entry is gone or
+//     read again by now).
+//
+// Not retried: a request checked against a limit read for it, or just
+// before it, and the retry of a retried one (read after that answer, so
+// checked against the limit read again): the broker refuses what ferry's
+// check passes, and the refusal goes through. A record is retried once,
+// however long its producer waits before sending it again (franz-go waits
+// for a metadata refresh, up to 5 s), never in a loop.
+func (ic *interception) retryTooLarge(topic string, start, readAt time.Time, cached bool, now time.Time) bool {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
-	last, ok := ic.retried[topic]
-	switch {
-	case ok && start.Before(last):
+	if last, ok := ic.retried[topic]; ok && start.Before(last) {
 		return true // in flight with the last retried one
-	case ok && now.Sub(last) < limitRecheck:
+	}
+	if !cached || !readAt.Before(start) || start.Sub(readAt) < limitRecheck {
 		return false
 	}
-	for t, at := range ic.retried { // bounded: only recent answers matter
-		if now.Sub(at) >= limitRecheck {
+	for t, at := range ic.retried { // bounded: only answers in flight matter
+		if now.Sub(at) >= retriedKeep {
 			delete(ic.retried, t)
 		}
 	}
 	ic.retried[topic] = now
 	return true
 }
+
+// retriedKeep is how long a retried MESSAGE_TOO_LARGE answer is remembered
+// for the requests in flight with it (their answers come within the
+// producer's request timeout, 30 s by default).
+const retriedKeep = time.Minute
 
 // dependencyFailed reports whether a partition answered with code was
 // refused for something other than its records: a store, KMS or schema

@@ -246,6 +246,10 @@ func TestProxySkimTooLargeRereadsLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer adm.Close()
+	// A refusal is retried when the limit the batch was checked against
+	// had been cached for limitRecheck (the retry of a retried batch,
+	// checked against the limit read again, is not).
+	time.Sleep(limitRecheck + 100*time.Millisecond)
 	limit := "2000"
 	if _, err := kadm.NewClient(adm).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "lm"); err != nil {
 		t.Fatal(err)
