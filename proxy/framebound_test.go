@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ferrykit/ferry/interceptor"
 )
@@ -27,16 +26,7 @@ func produceFrameOf(t *testing.T, size int) []byte {
 			values = append(values, strings.Repeat("v", 500_000))
 		}
 		values = append(values, strings.Repeat("w", last))
-		req := kmsg.NewPtrProduceRequest()
-		req.Version, req.Acks, req.TimeoutMillis = 9, 1, 30000
-		rt := kmsg.NewProduceRequestTopic()
-		rt.Topic = "other"
-		rp := kmsg.NewProduceRequestTopicPartition()
-		rp.Records = seedBatch(0, values...)
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		cid := "c"
-		return encodeRequest(req, 1, &cid)
+		return produceV9FrameTo("other", 1, "c", 1, values...)
 	}
 	last := 1000
 	for range 5 {

@@ -50,12 +50,17 @@ func startProxy(t testing.TB, cfg Config) *Server {
 // produceV9Frame is a Produce v9 request frame of one batch of values for
 // topic t, partition 0.
 func produceV9Frame(corr int32, clientID string, acks int16, values ...string) []byte {
+	return produceV9FrameTo("t", corr, clientID, acks, values...)
+}
+
+// produceV9FrameTo is produceV9Frame for topic.
+func produceV9FrameTo(topic string, corr int32, clientID string, acks int16, values ...string) []byte {
 	req := kmsg.NewPtrProduceRequest()
 	req.Version = 9
 	req.Acks = acks
 	req.TimeoutMillis = 30000
 	rt := kmsg.NewProduceRequestTopic()
-	rt.Topic = "t"
+	rt.Topic = topic
 	rp := kmsg.NewProduceRequestTopicPartition()
 	rp.Records = seedBatch(0, values...)
 	rt.Partitions = append(rt.Partitions, rp)
