@@ -29,23 +29,7 @@ func (c *child) exitWithin(t *testing.T, start time.Time, limit time.Duration) t
 // idempotent record whose request went unanswered for ever), exits 1, keeps
 // its payload (the record may be in the topic) and names what was produced.
 func TestDeliveryTimeoutUnansweredProduce(t *testing.T) {
-	c, brokers := cluster(t)
-	held := stall(c, kmsg.Produce, 1)
-	dir := t.TempDir()
-	storeDir := filepath.Join(dir, "store")
-	small, _ := randomFile(t, dir, "small", 100, 31)
-	big, _ := randomFile(t, dir, "big", 3<<20, 32)
-	third, _ := randomFile(t, dir, "third", 100, 33)
-
-	p := startFerry(t, "produce", "--brokers", brokers, "-t", "t", "--store", storeDir, "-X", "delivery.timeout.ms=3000", small, big, third)
-	if l := p.line(t); l != "t/0@0 100 bytes inline" {
-		t.Fatalf("first line %q", l)
-	}
-	select {
-	case <-held:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the second Produce request never came; stderr %q", p.stderr.String())
-	}
+	p, storeDir, small, big, third := stalledSecondProduce(t, 31, "-X", "delivery.timeout.ms=3000")
 	took := p.exitWithin(t, time.Now(), 30*time.Second) // 20 s is franz-go's read deadline
 	if p.code != 1 {
 		t.Errorf("exit %d, want 1", p.code)

@@ -258,20 +258,24 @@ func TestInterruptSilentBroker(t *testing.T) {
 	}
 }
 
-// The broker answers the first Produce request, then none: SIGINT stops
-// ferry produce while the second file's reference is unanswered. The
-// summary names the produced file and its offset, and keeps the payload
-// of the record whose request went out (it may be in the topic).
-func TestInterruptUnansweredProduce(t *testing.T) {
+// stalledSecondProduce starts ferry produce of three files (100 bytes,
+// 3 MiB, 100 bytes; contents from seed) to topic t of a cluster that
+// answers the first Produce request and holds every later one unanswered,
+// with extra flags, and returns once the first file is produced and the
+// second's request is held: the process, the file store's directory and
+// the three files.
+func stalledSecondProduce(t *testing.T, seed uint64, extra ...string) (p *child, storeDir, small, big, third string) {
+	t.Helper()
 	c, brokers := cluster(t)
 	held := stall(c, kmsg.Produce, 1)
 	dir := t.TempDir()
-	storeDir := filepath.Join(dir, "store")
-	small, _ := randomFile(t, dir, "small", 100, 14)
-	big, _ := randomFile(t, dir, "big", 3<<20, 15)
-	third, _ := randomFile(t, dir, "third", 100, 16)
+	storeDir = filepath.Join(dir, "store")
+	small, _ = randomFile(t, dir, "small", 100, seed)
+	big, _ = randomFile(t, dir, "big", 3<<20, seed+1)
+	third, _ = randomFile(t, dir, "third", 100, seed+2)
 
-	p := startFerry(t, "produce", "--brokers", brokers, "-t", "t", "--store", storeDir, small, big, third)
+	args := append([]string{"produce", "--brokers", brokers, "-t", "t", "--store", storeDir}, extra...)
+	p = startFerry(t, append(args, small, big, third)...)
 	if l := p.line(t); l != "t/0@0 100 bytes inline" {
 		t.Fatalf("first line %q", l)
 	}
@@ -280,6 +284,15 @@ func TestInterruptUnansweredProduce(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the second Produce request never came; stderr %q", p.stderr.String())
 	}
+	return p, storeDir, small, big, third
+}
+
+// The broker answers the first Produce request, then none: SIGINT stops
+// ferry produce while the second file's reference is unanswered. The
+// summary names the produced file and its offset, and keeps the payload
+// of the record whose request went out (it may be in the topic).
+func TestInterruptUnansweredProduce(t *testing.T) {
+	p, storeDir, small, big, third := stalledSecondProduce(t, 14)
 	p.signal(t, os.Interrupt)
 	if p.code != 130 {
 		t.Errorf("exit %d, want 130", p.code)
